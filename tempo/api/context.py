@@ -1,0 +1,113 @@
+"""The context: temporal dims, their bounds, and the SDG that RT operations build."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from tempo.errors import DomainError, ShapeError, TempoError, user_site
+from tempo.ir.graph import SDG, Edge, Op
+from tempo.ir.ops import op_def
+from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Symbol
+
+if TYPE_CHECKING:
+    from tempo.api.tensor import RecurrentTensor
+    from tempo.runtime.executable import Executable
+
+_ACTIVE: list["Context"] = []
+
+
+class Context:
+    """Declares the temporal dims of a program (outermost first) and collects its SDG.
+
+    >>> ctx = Context(dims=("i", "t"))
+    >>> i, t = ctx.dims
+    >>> I, T = ctx.bounds
+    """
+
+    def __init__(self, dims: Sequence[str] = ("t",), seed: int = 0):
+        names = list(dims)
+        if len(set(names)) != len(names):
+            raise DomainError(f"dim names must be distinct, got {names}")
+        self.dims: tuple[Symbol, ...] = tuple(Symbol(n, "dim") for n in names)
+        self.bounds: tuple[Symbol, ...] = tuple(Symbol(_bound_name(n, names), "bound") for n in names)
+        self.bound_of: dict[Symbol, Symbol] = dict(zip(self.dims, self.bounds))
+        self.seed = seed
+        self.graph = SDG()
+
+    # ---- activation -------------------------------------------------------------------
+    def __enter__(self) -> "Context":
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.remove(self)
+
+    # ---- domains ----------------------------------------------------------------------
+    def ordered(self, dims: Iterable[Symbol]) -> tuple[Symbol, ...]:
+        """``dims`` in context order, without repeats."""
+        wanted = set(dims)
+        unknown = wanted - set(self.dims)
+        if unknown:
+            raise DomainError(f"{', '.join(sorted(d.name for d in unknown))} "
+                              f"is not a dim of this context (dims: {self._dim_names()})",
+                              user_site())
+        return tuple(d for d in self.dims if d in wanted)
+
+    def check_symbols(self, expr: Expr | Any, what: str) -> None:
+        """Reject symbols that belong to no dim or bound of this context."""
+        symbols = expr.symbols() if hasattr(expr, "symbols") else frozenset()
+        foreign = [s for s in symbols if s not in self.bound_of and s not in self.bounds]
+        if foreign:
+            raise DomainError(f"{what} uses {', '.join(s.name for s in foreign)}, which is "
+                              f"not a dim or bound of this context (dims: {self._dim_names()})",
+                              user_site())
+
+    def _dim_names(self) -> str:
+        return ", ".join(d.name for d in self.dims)
+
+    # ---- graph building ---------------------------------------------------------------
+    def add_op(self, kind: str, inputs: Sequence["RecurrentTensor"], params: dict[str, Any],
+               domain: Iterable[Symbol] = (), phis: Sequence[tuple[IndexEntry, ...]] | None = None,
+               label: str = "") -> Op:
+        """Add an op reading ``inputs`` (at identity unless ``phis`` says otherwise)."""
+        site = user_site()
+        if phis is None:
+            domain = self.ordered([*domain, *(d for x in inputs for d in x.domain)])
+            phis = [x.domain for x in inputs]
+        else:
+            domain = self.ordered(domain)
+        try:
+            out_types = op_def(kind).infer(*(x.type for x in inputs), **params)
+        except ShapeError as err:
+            raise ShapeError(f"{kind}: {err.args[0]}", site) from None
+        op = self.graph.add_op(Op(len(self.graph.ops), kind, params, tuple(domain),
+                                  tuple(out_types), site, label))
+        for k, (x, phi) in enumerate(zip(inputs, phis)):
+            self.graph.add_edge(Edge(op, k, x.op, x.out, tuple(phi)))
+        return op
+
+    def add_branch(self, merge: Op, value: "RecurrentTensor", phi: tuple[IndexEntry, ...],
+                   cond: Expr = TRUE) -> None:
+        k = len(self.graph.in_edges(merge))
+        self.graph.add_edge(Edge(merge, k, value.op, value.out, phi, cond))
+
+    def compile(self, bounds: dict[Symbol, int], outputs: Sequence["RecurrentTensor"] = (),
+                backend: str = "jax") -> "Executable":
+        """Check and schedule the program for concrete ``bounds``; ``backend`` is "jax" or
+        "numpy". ``run()`` on the result returns the value of every point of ``outputs``."""
+        from tempo.runtime.executable import compile_program
+        return compile_program(self, bounds, list(outputs), backend=backend)
+
+    def __repr__(self) -> str:
+        return f"Context(dims=({self._dim_names()}), ops={len(self.graph)})"
+
+
+def _bound_name(name: str, names: list[str]) -> str:
+    upper = name.upper()
+    return upper if upper != name and upper not in names else f"{name}_bound"
+
+
+def active_context() -> Context:
+    if not _ACTIVE:
+        raise TempoError("no active context: create RTs inside `with ctx:`", user_site())
+    return _ACTIVE[-1]

@@ -1,0 +1,189 @@
+"""Free functions of the public API: sources, selection, UDFs, sinks and random tensors."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tempo.api.context import Context, active_context
+from tempo.api.tensor import RecurrentTensor, constant, lift
+from tempo.api.tensor import symbol_value as _symbol_value
+from tempo.errors import ShapeError, UDFError, user_site
+from tempo.ir.types import TensorType, dtype_name
+from tempo.symbolic.expr import Expr, ExprLike, Symbol, as_expr, maximum, minimum
+
+_rng_keys = itertools.count()
+
+
+def const(value: Any, dtype: Any = None) -> RecurrentTensor:
+    """A constant tensor (empty domain). float64 and int64 arrays become float32 and int32."""
+    return constant(active_context(), value, dtype)
+
+
+def placeholder(shape: Sequence[ExprLike] = (), dtype: Any = "float32",
+                domain: Sequence[Symbol] | None = None) -> RecurrentTensor:
+    """A tensor defined by branch assignments (``y[0] = ...``, ``y[t+1] = ...``).
+
+    ``domain`` defaults to every dim of the context.
+    """
+    ctx = active_context()
+    dims = ctx.dims if domain is None else ctx.ordered(domain)
+    out_type = TensorType(tuple(shape), dtype_name(dtype))
+    op = ctx.add_op("merge", [], {"out_type": out_type}, domain=dims, phis=[],
+                    label=_assigned_name(user_site().line) or "placeholder")
+    return RecurrentTensor(ctx, op)
+
+
+def _assigned_name(line: str) -> str | None:
+    """``y`` for a source line ``y = tp.placeholder(...)``."""
+    target, sep, _ = line.partition("=")
+    target = target.strip()
+    return target if sep and target.isidentifier() else None
+
+
+def symbol_value(expr: ExprLike, dtype: Any = "int32") -> RecurrentTensor:
+    """An int RT whose value at each point is ``expr`` evaluated there."""
+    return _symbol_value(active_context(), expr, dtype_name(dtype))
+
+
+def _context_of(*values: Any) -> Context:
+    for v in values:
+        if isinstance(v, RecurrentTensor):
+            return v.ctx
+    return active_context()
+
+
+def where(cond: Any, a: Any, b: Any) -> RecurrentTensor:
+    """Elementwise ``a if cond else b``."""
+    ctx = _context_of(cond, a, b)
+    like = next((v for v in (a, b) if isinstance(v, RecurrentTensor)), None)
+    c = lift(ctx, cond)
+    if c.dtype != "bool":
+        c = c.astype("bool")
+    a_rt = lift(ctx, a, like=like)
+    return c._apply("where", a_rt, lift(ctx, b, like=a_rt))
+
+
+def max(a: Any, b: Any) -> Any:  # noqa: A001 - mirrors the maths
+    """``max`` of symbolic expressions, or the elementwise maximum of RTs."""
+    return _min_max(a, b, maximum, "maximum")
+
+
+def min(a: Any, b: Any) -> Any:  # noqa: A001
+    """``min`` of symbolic expressions, or the elementwise minimum of RTs."""
+    return _min_max(a, b, minimum, "minimum")
+
+
+def _min_max(a: Any, b: Any, symbolic: Callable, kind: str) -> Any:
+    if isinstance(a, RecurrentTensor) or isinstance(b, RecurrentTensor):
+        ctx = _context_of(a, b)
+        like = a if isinstance(a, RecurrentTensor) else b
+        return lift(ctx, a, like=like)._apply(kind, lift(ctx, b, like=like))
+    return symbolic(as_expr(a), as_expr(b))
+
+
+def cat(tensors: Sequence[RecurrentTensor], dim: int = 0) -> RecurrentTensor:
+    first, *rest = tensors
+    return first._apply("cat", *rest, dim=dim)
+
+
+def stack(tensors: Sequence[RecurrentTensor], dim: int = 0) -> RecurrentTensor:
+    first, *rest = tensors
+    return first._apply("stack", *rest, dim=dim)
+
+
+def matmul(a: RecurrentTensor, b: RecurrentTensor) -> RecurrentTensor:
+    return a @ b
+
+
+# ---- random -----------------------------------------------------------------------------
+def _random(dist: str, shape: Sequence[int], dtype: str, domain: Sequence[Symbol] | None,
+            **params: Any) -> RecurrentTensor:
+    ctx = active_context()
+    dims = ctx.dims if domain is None else ctx.ordered(domain)
+    for d in shape:
+        if not as_expr(d).is_const:
+            raise ShapeError("random tensors need a static shape", user_site())
+    params = {"dist": dist, "shape": tuple(int(as_expr(d).value) for d in shape),
+              "dtype": dtype, "seed": ctx.seed, "key": next(_rng_keys), "domain": dims, **params}
+    return RecurrentTensor(ctx, ctx.add_op("rng", [], params, domain=dims, label=dist))
+
+
+def uniform(shape: Sequence[int] = (), low: float = 0.0, high: float = 1.0,
+            domain: Sequence[Symbol] | None = None, dtype: Any = "float32") -> RecurrentTensor:
+    """Uniform samples, fresh at every point of ``domain`` (default: all dims), seeded by
+    the context seed and the point."""
+    return _random("uniform", shape, dtype_name(dtype), domain, low=low, high=high)
+
+
+def normal(shape: Sequence[int] = (), loc: float = 0.0, scale: float = 1.0,
+           domain: Sequence[Symbol] | None = None, dtype: Any = "float32") -> RecurrentTensor:
+    """Normal samples, fresh at every point of ``domain``."""
+    return _random("normal", shape, dtype_name(dtype), domain, loc=loc, scale=scale)
+
+
+def randint(low: int, high: int, shape: Sequence[int] = (),
+            domain: Sequence[Symbol] | None = None, dtype: Any = "int32") -> RecurrentTensor:
+    """Integers in ``[low, high)``, fresh at every point of ``domain``."""
+    return _random("randint", shape, dtype_name(dtype), domain, low=low, high=high)
+
+
+# ---- user functions ---------------------------------------------------------------------
+def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
+        outputs: Sequence[tuple[Sequence[int], Any]] = (),
+        domain: Sequence[Symbol] = (), name: str | None = None,
+        pass_point: bool = False) -> tuple[RecurrentTensor, ...]:
+    """Call a host function once at every point of the domain (in schedule order).
+
+    ``fn`` receives the inputs as NumPy arrays (and the point as ``{dim name: int}``
+    first, when ``pass_point``) and returns one array per declared ``(shape, dtype)`` of
+    ``outputs``. The domain is ``domain`` united with the inputs' domains. A UDF may keep
+    external state (an environment, a logger); it runs at every point of its domain.
+    """
+    ctx = _context_of(*inputs)
+    rts = [lift(ctx, x) for x in inputs]
+    out_types = tuple(TensorType(tuple(s), dtype_name(d)) for s, d in outputs)
+    for t in out_types:
+        if not t.is_static:
+            raise ShapeError("UDF outputs need static shapes", user_site())
+    site = user_site()
+    label = name or getattr(fn, "__name__", "udf")
+    call = _checked_call(fn, out_types, label, site, pass_point)
+    op = ctx.add_op("udf", rts, {"call": call, "out_types": out_types}, domain=domain,
+                    label=label)
+    return tuple(RecurrentTensor(ctx, op, k) for k in range(len(out_types)))
+
+
+def sink(x: RecurrentTensor, fn: Callable[[np.ndarray, dict[str, int]], None],
+         name: str | None = None) -> None:
+    """Call ``fn(value, point)`` with the value of ``x`` at every point of its domain."""
+    udf(lambda point, value: fn(value, point), [x], (), name=name or getattr(fn, "__name__", "sink"),
+        pass_point=True)
+
+
+def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, site: Any,
+                  pass_point: bool) -> Callable:
+    def call(point: dict[Symbol, int], *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
+        args = ({s.name: v for s, v in point.items() if s.kind == "dim"}, *inputs) \
+            if pass_point else inputs
+        result = fn(*args)
+        values = (result,) if len(out_types) == 1 else (() if result is None else tuple(result))
+        if len(values) != len(out_types):
+            raise UDFError(f"UDF {label} returned {len(values)} values, declared {len(out_types)}",
+                           site)
+        return tuple(_conform(v, t, label, site) for v, t in zip(values, out_types))
+    return call
+
+
+def _conform(value: Any, t: TensorType, label: str, site: Any) -> np.ndarray:
+    array = np.asarray(value)
+    shape = tuple(d.value for d in t.shape)
+    if array.shape != shape:
+        raise UDFError(f"UDF {label} returned shape {array.shape}, declared {shape}", site)
+    if array.dtype != np.dtype(t.dtype):
+        if not np.can_cast(array.dtype, t.dtype, casting="same_kind"):
+            raise UDFError(f"UDF {label} returned dtype {array.dtype}, declared {t.dtype}", site)
+        array = array.astype(t.dtype)
+    return array

@@ -1,0 +1,75 @@
+"""Exceptions raised for bad programs. Each names the user's tensor and source line."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceSite:
+    """Where in the user's code a tensor was defined."""
+
+    filename: str
+    lineno: int
+    line: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.filename}:{self.lineno}"
+        return f"{text}: {self.line.strip()}" if self.line else text
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_site() -> SourceSite:
+    """The innermost stack frame outside the ``tempo`` package."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
+            return SourceSite(filename, frame.f_lineno, linecache.getline(filename, frame.f_lineno))
+        frame = frame.f_back
+    return SourceSite("<unknown>", 0)
+
+
+class TempoError(Exception):
+    """Base class of every error Tempo raises for a bad program."""
+
+    def __init__(self, message: str, site: SourceSite | None = None):
+        self.site = site
+        super().__init__(f"{message}\n  defined at {site}" if site else message)
+
+
+class ShapeError(TempoError):
+    """Spatial shapes or dtypes that do not fit together."""
+
+
+class DomainError(TempoError):
+    """A temporal index or domain that is not allowed."""
+
+
+class OutOfRangeError(TempoError):
+    """A read of a point outside a temporal dimension's range."""
+
+
+class UndefinedPointError(TempoError):
+    """A point of a placeholder that no branch defines."""
+
+
+class UnschedulableError(TempoError):
+    """Dependences that no execution order can satisfy (a zero-distance cycle)."""
+
+
+class BoundsError(TempoError):
+    """A bound that is missing or invalid at compile time."""
+
+
+class UnsupportedExpressionError(TempoError):
+    """A symbolic expression outside what Tempo can analyse (e.g. not quasi-affine)."""
+
+
+class UDFError(TempoError):
+    """A user function returned something other than what it declared."""

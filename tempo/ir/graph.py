@@ -1,0 +1,128 @@
+"""The symbolic dependence graph (SDG): ops with temporal domains, and dependence edges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from tempo.errors import SourceSite
+from tempo.ir.ops import OpDef, op_def
+from tempo.ir.types import TensorType
+from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol
+
+
+@dataclass(eq=False)
+class Op:
+    """An operator executing once at every point of its ``domain``."""
+
+    id: int
+    kind: str
+    params: dict[str, Any]
+    domain: tuple[Symbol, ...]
+    outputs: tuple[TensorType, ...]
+    site: SourceSite
+    label: str = ""
+
+    @property
+    def definition(self) -> OpDef:
+        return op_def(self.kind)
+
+    @property
+    def name(self) -> str:
+        return f"{self.label or self.kind}#{self.id}"
+
+    def __repr__(self) -> str:
+        dom = ", ".join(d.name for d in self.domain)
+        outs = ", ".join(map(repr, self.outputs))
+        return f"{self.name}[{dom}] -> {outs}"
+
+
+@dataclass(frozen=True, eq=False)
+class Edge:
+    """``sink`` at point ``p`` reads output ``src_out`` of ``src`` at ``phi(p)`` when ``cond(p)``.
+
+    ``phi`` has one entry (a point expression or a slice) per dim of ``src.domain``,
+    written over the sink's dim symbols.
+    """
+
+    sink: Op
+    sink_in: int
+    src: Op
+    src_out: int
+    phi: tuple[IndexEntry, ...]
+    cond: Expr = TRUE
+
+    @property
+    def slices(self) -> tuple[int, ...]:
+        """Positions in ``phi`` that are slices (each adds a leading spatial dim)."""
+        return tuple(k for k, e in enumerate(self.phi) if isinstance(e, Slice))
+
+    def is_identity(self) -> bool:
+        return self.sink.domain == self.src.domain and all(
+            e is d for e, d in zip(self.phi, self.src.domain))
+
+    def __repr__(self) -> str:
+        phi = ", ".join(map(str, self.phi))
+        cond = "" if self.cond is TRUE else f" if {self.cond}"
+        return f"{self.sink.name}.in{self.sink_in} <- {self.src.name}.out{self.src_out}[{phi}]{cond}"
+
+
+@dataclass
+class SDG:
+    """Ops and their input edges. Ops are kept in creation order."""
+
+    ops: dict[int, Op] = field(default_factory=dict)
+    inputs: dict[int, list[Edge]] = field(default_factory=dict)
+
+    def add_op(self, op: Op) -> Op:
+        self.ops[op.id] = op
+        self.inputs[op.id] = []
+        return op
+
+    def add_edge(self, edge: Edge) -> None:
+        edges = self.inputs[edge.sink.id]
+        if edge.sink_in != len(edges):
+            raise ValueError(f"edges of {edge.sink.name} must be added in input order")
+        edges.append(edge)
+
+    def in_edges(self, op: Op) -> list[Edge]:
+        return self.inputs[op.id]
+
+    def edges(self) -> Iterator[Edge]:
+        for edges in self.inputs.values():
+            yield from edges
+
+    def out_edges(self, op: Op) -> list[Edge]:
+        return [e for e in self.edges() if e.src is op]
+
+    def consumers(self) -> dict[int, list[Edge]]:
+        """Out-edges of every op, computed once."""
+        out: dict[int, list[Edge]] = {k: [] for k in self.ops}
+        for e in self.edges():
+            out[e.src.id].append(e)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def to_text(self) -> str:
+        """The graph as text: one op per line with its input edges."""
+        lines = []
+        for op in self.ops.values():
+            lines.append(f"{op!r}    @ {op.site.filename.rsplit('/', 1)[-1]}:{op.site.lineno}")
+            lines.extend(f"    in{e.sink_in}: {e.src.name}.out{e.src_out}"
+                         f"[{', '.join(map(str, e.phi))}]"
+                         + ("" if e.cond is TRUE else f" if {e.cond}") for e in self.in_edges(op))
+        return "\n".join(lines)
+
+    def to_dot(self) -> str:
+        """The graph in graphviz dot format."""
+        lines = ["digraph sdg {", "  node [shape=box, fontname=monospace];"]
+        for op in self.ops.values():
+            dom = ",".join(d.name for d in op.domain)
+            lines.append(f'  op{op.id} [label="{op.name}\\n[{dom}]"];')
+        for e in self.edges():
+            label = ", ".join(map(str, e.phi)) + ("" if e.cond is TRUE else f" | {e.cond}")
+            lines.append(f'  op{e.src.id} -> op{e.sink.id} [label="{label}"];')
+        lines.append("}")
+        return "\n".join(lines)

@@ -1,0 +1,385 @@
+"""Operator definitions as data: one ``OpDef`` per op, registered where it is defined.
+
+Each definition carries its shape rule (``infer``: input types and params → output types)
+and its kernel, written once against an array module ``xp`` (``numpy`` or ``jax.numpy``)
+so that the reference evaluator and every backend share one meaning. Host ops (symbol
+values, RNG, UDFs) run on the host with the point they execute at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from tempo.errors import ShapeError
+from tempo.ir.types import Shape, TensorType, same_dim
+from tempo.symbolic.expr import Expr, as_expr, const
+
+Kernel = Callable[..., Any]
+InferRule = Callable[..., tuple[TensorType, ...]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """What an op is: its shape rule and its kernel.
+
+    ``kernel(xp, params, *inputs)`` for device ops, ``kernel(params, point, *inputs)``
+    (numpy in, numpy out) for host ops. Kernels return one array, or a tuple when
+    ``multi_output``.
+    """
+
+    name: str
+    infer: InferRule
+    kernel: Kernel | None
+    host: bool = False
+    multi_output: bool = False
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(name: str, infer: InferRule, kernel: Kernel | None, **flags: bool) -> OpDef:
+    OPS[name] = OpDef(name, infer, kernel, **flags)
+    return OPS[name]
+
+
+def op_def(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise KeyError(f"no definition for op {name!r}") from None
+
+
+# ---- shape helpers ------------------------------------------------------------------
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    ndim = max(len(s) for s in shapes)
+    out = []
+    for k in range(ndim):
+        dims = [s[k - ndim + len(s)] for s in shapes if k - ndim + len(s) >= 0]
+        non_one = [d for d in dims if not (d.is_const and d.value == 1)]
+        if any(not same_dim(d, non_one[0]) for d in non_one):
+            raise ShapeError(f"shapes {' and '.join(map(_fmt, shapes))} cannot be broadcast")
+        out.append(non_one[0] if non_one else const(1))
+    return tuple(out)
+
+
+def _fmt(shape: Shape) -> str:
+    return f"({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''})"
+
+
+def normalize_dim(dim: int, ndim: int) -> int:
+    if not -ndim <= dim < max(ndim, 1):
+        raise ShapeError(f"dim {dim} is out of range for a tensor with {ndim} dims")
+    return dim % max(ndim, 1)
+
+
+def result_dtype(*dtypes: str) -> str:
+    return np.result_type(*dtypes).name
+
+
+def _same(t: TensorType, **_: Any) -> tuple[TensorType, ...]:
+    return (t,)
+
+
+# ---- elementwise ----------------------------------------------------------------------
+_UNARY = {"neg": "negative", "exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt",
+          "abs": "abs", "sin": "sin", "cos": "cos", "not": "logical_not", "floor": "floor"}
+for _name, _fn in _UNARY.items():
+    register(_name, _same, (lambda fn: lambda xp, p, x: getattr(xp, fn)(x))(_fn))
+
+_ARITH = {"add": "add", "sub": "subtract", "mul": "multiply", "pow": "power",
+          "maximum": "maximum", "minimum": "minimum"}
+_COMPARE = {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
+            "gt": "greater", "ge": "greater_equal", "and": "logical_and", "or": "logical_or"}
+
+
+def _infer_binary(a: TensorType, b: TensorType, *, out_dtype: str | None = None) -> tuple[TensorType]:
+    return (TensorType(broadcast_shapes(a.shape, b.shape), out_dtype or result_dtype(a.dtype, b.dtype)),)
+
+
+for _name, _fn in _ARITH.items():
+    register(_name, _infer_binary, (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(a, b))(_fn))
+for _name, _fn in _COMPARE.items():
+    register(_name, lambda a, b: _infer_binary(a, b, out_dtype="bool"),
+             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(a, b))(_fn))
+
+
+def _infer_div(a: TensorType, b: TensorType) -> tuple[TensorType]:
+    dtype = result_dtype(a.dtype, b.dtype)
+    return _infer_binary(a, b, out_dtype=dtype if np.dtype(dtype).kind == "f" else "float32")
+
+
+register("div", _infer_div, lambda xp, p, a, b: xp.true_divide(a, b).astype(_float(a, b)))
+
+
+def _float(a: Any, b: Any) -> str:
+    dtype = np.result_type(a.dtype, b.dtype)
+    return dtype.name if dtype.kind == "f" else "float32"
+
+
+def _infer_where(c: TensorType, a: TensorType, b: TensorType) -> tuple[TensorType]:
+    if c.dtype != "bool":
+        raise ShapeError(f"where needs a bool condition, got {c.dtype}")
+    return (TensorType(broadcast_shapes(c.shape, a.shape, b.shape), result_dtype(a.dtype, b.dtype)),)
+
+
+register("where", _infer_where, lambda xp, p, c, a, b: xp.where(c, a, b))
+register("astype", lambda x, dtype: (TensorType(x.shape, dtype),),
+         lambda xp, p, x: x.astype(p["dtype"]))
+
+
+# ---- matmul -----------------------------------------------------------------------------
+def _infer_matmul(a: TensorType, b: TensorType) -> tuple[TensorType]:
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError("matmul needs tensors with at least one dim")
+    k_a = a.shape[-1]
+    k_b = b.shape[-2] if b.ndim >= 2 else b.shape[0]
+    if not same_dim(k_a, k_b):
+        raise ShapeError(f"matmul of {_fmt(a.shape)} @ {_fmt(b.shape)}: "
+                         f"contracted dims {k_a} and {k_b} differ")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    rows = a.shape[-2:-1]
+    cols = b.shape[-1:] if b.ndim >= 2 else ()
+    return (TensorType((*batch, *rows, *cols), result_dtype(a.dtype, b.dtype)),)
+
+
+register("matmul", _infer_matmul, lambda xp, p, a, b: xp.matmul(a, b))
+
+
+# ---- reductions and scans -------------------------------------------------------------
+def _infer_reduce(x: TensorType, dims: tuple[int, ...], keepdims: bool,
+                  out_dtype: str | None = None) -> tuple[TensorType]:
+    dims = tuple(normalize_dim(d, x.ndim) for d in dims)
+    shape = tuple(const(1) if k in dims else d for k, d in enumerate(x.shape)
+                  if keepdims or k not in dims)
+    return (TensorType(shape, out_dtype or x.dtype),)
+
+
+_REDUCE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min"}
+for _name, _fn in _REDUCE.items():
+    register(f"reduce_{_name}", _infer_reduce,
+             (lambda fn: lambda xp, p, x: getattr(xp, fn)(x, axis=p["dims"], keepdims=p["keepdims"]))(_fn))
+
+
+def _infer_mean(x: TensorType, dims: tuple[int, ...], keepdims: bool) -> tuple[TensorType]:
+    dtype = x.dtype if np.dtype(x.dtype).kind == "f" else "float32"
+    return _infer_reduce(x, dims, keepdims, dtype)
+
+
+register("reduce_mean", _infer_mean,
+         lambda xp, p, x: xp.mean(x, axis=p["dims"], keepdims=p["keepdims"]).astype(
+             x.dtype if x.dtype.kind == "f" else "float32"))
+
+
+def _infer_scan(x: TensorType, dim: int, **_: Any) -> tuple[TensorType]:
+    normalize_dim(dim, x.ndim)
+    return (x,)
+
+
+register("cumsum", _infer_scan, lambda xp, p, x: xp.cumsum(x, axis=p["dim"]).astype(x.dtype))
+
+
+def _infer_discounted_sum(x: TensorType, dim: int, gamma: float) -> tuple[TensorType]:
+    return _infer_reduce(x, (dim,), False)
+
+
+def _discounted_sum(xp: Any, p: dict, x: Any) -> Any:
+    """sum_k gamma^k x[k] along ``dim``."""
+    dim = p["dim"] % x.ndim
+    weights = xp.asarray(p["gamma"] ** np.arange(x.shape[dim]), dtype=x.dtype)
+    return xp.tensordot(weights, xp.moveaxis(x, dim, 0), axes=1).astype(x.dtype)
+
+
+register("discounted_sum", _infer_discounted_sum, _discounted_sum)
+
+
+# ---- layout ---------------------------------------------------------------------------
+def _numel(shape: Shape) -> Expr:
+    out: Expr = const(1)
+    for d in shape:
+        out = out * d
+    return out
+
+
+def _infer_reshape(x: TensorType, shape: Shape) -> tuple[TensorType]:
+    shape = tuple(as_expr(d) for d in shape)
+    if all(d.is_const for d in (*x.shape, *shape)) and _numel(x.shape) is not _numel(shape):
+        raise ShapeError(f"cannot reshape {_fmt(x.shape)} into {_fmt(shape)}")
+    return (TensorType(shape, x.dtype),)
+
+
+register("reshape", _infer_reshape, lambda xp, p, x: xp.reshape(x, p["shape"]))
+
+
+def _infer_permute(x: TensorType, dims: tuple[int, ...]) -> tuple[TensorType]:
+    if sorted(normalize_dim(d, x.ndim) for d in dims) != list(range(x.ndim)):
+        raise ShapeError(f"permute dims {dims} are not a permutation of {x.ndim} dims")
+    return (TensorType(tuple(x.shape[d] for d in dims), x.dtype),)
+
+
+register("permute", _infer_permute, lambda xp, p, x: xp.transpose(x, p["dims"]))
+
+
+def _infer_expand(x: TensorType, shape: Shape) -> tuple[TensorType]:
+    shape = tuple(as_expr(d) for d in shape)
+    if len(shape) < x.ndim:
+        raise ShapeError(f"cannot expand {_fmt(x.shape)} to fewer dims {_fmt(shape)}")
+    if broadcast_shapes(x.shape, shape) != shape:
+        raise ShapeError(f"cannot expand {_fmt(x.shape)} to {_fmt(shape)}")
+    return (TensorType(shape, x.dtype),)
+
+
+register("expand", _infer_expand, lambda xp, p, x: xp.broadcast_to(x, p["shape"]))
+
+
+def _infer_squeeze(x: TensorType, dim: int) -> tuple[TensorType]:
+    dim = normalize_dim(dim, x.ndim)
+    if not (x.shape[dim].is_const and x.shape[dim].value == 1):
+        raise ShapeError(f"cannot squeeze dim {dim} of size {x.shape[dim]}")
+    return (TensorType(x.shape[:dim] + x.shape[dim + 1:], x.dtype),)
+
+
+register("squeeze", _infer_squeeze, lambda xp, p, x: xp.squeeze(x, axis=p["dim"]))
+
+
+def _infer_unsqueeze(x: TensorType, dim: int) -> tuple[TensorType]:
+    dim = normalize_dim(dim, x.ndim + 1)
+    return (TensorType(x.shape[:dim] + (const(1),) + x.shape[dim:], x.dtype),)
+
+
+register("unsqueeze", _infer_unsqueeze, lambda xp, p, x: xp.expand_dims(x, p["dim"]))
+
+
+def _infer_cat(*xs: TensorType, dim: int) -> tuple[TensorType]:
+    first = xs[0]
+    dim = normalize_dim(dim, first.ndim)
+    for x in xs[1:]:
+        if x.ndim != first.ndim or any(not same_dim(a, b) for k, (a, b)
+                                       in enumerate(zip(x.shape, first.shape)) if k != dim):
+            raise ShapeError(f"cannot cat {_fmt(first.shape)} with {_fmt(x.shape)} on dim {dim}")
+    size: Expr = const(0)
+    for x in xs:
+        size = size + x.shape[dim]
+    shape = first.shape[:dim] + (size,) + first.shape[dim + 1:]
+    return (TensorType(shape, result_dtype(*(x.dtype for x in xs))),)
+
+
+register("cat", _infer_cat, lambda xp, p, *xs: xp.concatenate(xs, axis=p["dim"]))
+
+
+def _infer_stack(*xs: TensorType, dim: int) -> tuple[TensorType]:
+    first = xs[0]
+    for x in xs[1:]:
+        if x.ndim != first.ndim or any(not same_dim(a, b) for a, b in zip(x.shape, first.shape)):
+            raise ShapeError(f"cannot stack {_fmt(first.shape)} with {_fmt(x.shape)}")
+    dim = normalize_dim(dim, first.ndim + 1)
+    shape = first.shape[:dim] + (const(len(xs)),) + first.shape[dim:]
+    return (TensorType(shape, result_dtype(*(x.dtype for x in xs))),)
+
+
+register("stack", _infer_stack, lambda xp, p, *xs: xp.stack(xs, axis=p["dim"]))
+
+
+def _infer_slice(x: TensorType, dim: int, start: Expr, stop: Expr) -> tuple[TensorType]:
+    dim = normalize_dim(dim, x.ndim)
+    shape = x.shape[:dim] + (as_expr(stop) - as_expr(start),) + x.shape[dim + 1:]
+    return (TensorType(shape, x.dtype),)
+
+
+def _slice(xp: Any, p: dict, x: Any) -> Any:
+    index = [slice(None)] * x.ndim
+    index[p["dim"]] = slice(p["start"], p["stop"])
+    return x[tuple(index)]
+
+
+register("slice", _infer_slice, _slice)
+
+
+def _infer_take(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
+    dim = normalize_dim(dim, x.ndim)
+    if np.dtype(idx.dtype).kind not in "iu":
+        raise ShapeError(f"an index must have an integer dtype, got {idx.dtype}")
+    return (TensorType(x.shape[:dim] + idx.shape + x.shape[dim + 1:], x.dtype),)
+
+
+register("take", _infer_take, lambda xp, p, x, idx: xp.take(x, idx, axis=p["dim"]))
+
+
+def _infer_take_along(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
+    normalize_dim(dim, x.ndim)
+    if idx.ndim != x.ndim or np.dtype(idx.dtype).kind not in "iu":
+        raise ShapeError(f"gather needs an integer index with {x.ndim} dims, got {idx!r}")
+    return (TensorType(idx.shape, x.dtype),)
+
+
+register("gather", _infer_take_along,
+         lambda xp, p, x, idx: xp.take_along_axis(x, idx, axis=p["dim"]))
+
+
+# ---- sources ----------------------------------------------------------------------------
+register("const", lambda value: (TensorType(value.shape, value.dtype.name),),
+         lambda xp, p: xp.asarray(p["value"]))
+# Reads its input through the edge's dependence (points or stacked slices) unchanged.
+register("identity", lambda x, out_type=None: (out_type or x,), lambda xp, p, x: x)
+
+
+def _eval_symbol(p: dict, point: dict, *inputs: Any) -> np.ndarray:
+    return np.asarray(p["expr"].evaluate(point), dtype=p["dtype"])
+
+
+register("eval_symbol", lambda expr, dtype: (TensorType((), dtype),), _eval_symbol, host=True)
+
+
+def _rng(p: dict, point: dict, *inputs: Any) -> np.ndarray:
+    coords = [point[d] for d in p["domain"]]
+    gen = np.random.default_rng([p["seed"], p["key"], *coords])
+    shape = tuple(int(d) for d in p["shape"])
+    if p["dist"] == "uniform":
+        return gen.uniform(p["low"], p["high"], size=shape).astype(p["dtype"])
+    if p["dist"] == "normal":
+        return (gen.standard_normal(size=shape) * p["scale"] + p["loc"]).astype(p["dtype"])
+    if p["dist"] == "randint":
+        return gen.integers(p["low"], p["high"], size=shape).astype(p["dtype"])
+    raise ValueError(f"unknown distribution {p['dist']!r}")
+
+
+def _infer_rng(**p: Any) -> tuple[TensorType]:
+    return (TensorType(p["shape"], p["dtype"]),)
+
+
+register("rng", _infer_rng, _rng, host=True)
+
+
+def _udf(p: dict, point: dict, *inputs: Any) -> Any:
+    return p["call"](point, *inputs)
+
+
+register("udf", lambda *inputs, out_types, **_: tuple(out_types), _udf, host=True, multi_output=True)
+
+# A MergeOp has no kernel: the runtime moves the input of the first branch whose
+# condition holds to its output.
+register("merge", lambda *branches, out_type: (out_type,), None)
+
+
+
+def resolve_params(params: dict[str, Any], env: dict) -> dict[str, Any]:
+    """Params with every symbolic expression evaluated at ``env`` (for device kernels)."""
+    return {k: _resolve(v, env) for k, v in params.items()}
+
+
+def _resolve(value: Any, env: dict) -> Any:
+    if isinstance(value, Expr):
+        return value.evaluate(env)
+    if isinstance(value, tuple):
+        return tuple(_resolve(v, env) for v in value)
+    return value
+
+
+def has_symbolic_params(params: dict[str, Any]) -> bool:
+    def symbolic(v: Any) -> bool:
+        if isinstance(v, Expr):
+            return not v.is_const
+        return isinstance(v, tuple) and any(symbolic(x) for x in v)
+    return any(symbolic(v) for v in params.values())

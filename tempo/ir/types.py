@@ -1,0 +1,51 @@
+"""Tensor types: a spatial shape (ints or symbolic expressions) and a dtype."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tempo.symbolic.expr import Expr, ExprLike, as_expr
+
+Shape = tuple[Expr, ...]
+
+
+def as_shape(dims) -> Shape:
+    return tuple(as_expr(d) for d in dims)
+
+
+def dtype_name(dtype) -> str:
+    """Canonical dtype name; Python ``float``/``int`` map to float32/int32."""
+    if dtype is float:
+        return "float32"
+    if dtype is int:
+        return "int32"
+    if dtype is bool:
+        return "bool"
+    return np.dtype(dtype).name
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: Shape
+    dtype: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", as_shape(self.shape))
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(d.is_const for d in self.shape)
+
+    def __repr__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+def same_dim(a: ExprLike, b: ExprLike) -> bool:
+    return as_expr(a) is as_expr(b)

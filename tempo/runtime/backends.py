@@ -1,0 +1,90 @@
+"""Array backends: how kernels run, where values live, how stores stack and update."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from tempo.errors import TempoError
+from tempo.ir.graph import Op
+from tempo.ir.ops import has_symbolic_params
+
+DeviceKernel = Callable[..., Any]  # (params, *inputs) -> array or tuple
+
+
+class NumpyBackend:
+    """Plain NumPy on the host: simple, for tests and debugging."""
+
+    name = "numpy"
+
+    def kernel(self, op: Op, static_shapes: bool = True) -> DeviceKernel:
+        fn = op.definition.kernel
+        return lambda params, *xs: fn(np, params, *xs)
+
+    def from_host(self, value: np.ndarray) -> Any:
+        return value
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+    def stack(self, values: list[Any]) -> Any:
+        return np.stack(values)
+
+    def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
+        return np.zeros(shape, dtype)
+
+
+class JaxBackend:
+    """JAX: kernels are jitted once per op (and per distinct symbolic params); values stay
+    on the device between ops."""
+
+    name = "jax"
+
+    def __init__(self) -> None:
+        import jax
+        import jax.numpy as jnp
+        self.jax, self.jnp = jax, jnp
+
+    def kernel(self, op: Op, static_shapes: bool = True) -> DeviceKernel:
+        """A jitted kernel. Ops whose shapes vary between points (``x[0:t+1]``) run with
+        NumPy and move back to the device: XLA would compile once per shape, and eager
+        JAX does the same per primitive, until tiling makes those shapes static."""
+        fn = op.definition.kernel
+        jnp, jit = self.jnp, self.jax.jit
+        if not static_shapes:
+            return lambda params, *xs: jnp.asarray(fn(np, params, *(np.asarray(x) for x in xs)))
+        if not has_symbolic_params(op.params):
+            compiled = jit(lambda *xs: fn(jnp, op.params, *xs))
+            return lambda params, *xs: compiled(*xs)
+        cache: dict[Any, Callable] = {}
+
+        def run(params: dict, *xs: Any) -> Any:
+            key = tuple(sorted(params.items()))
+            kernel = cache.get(key)
+            if kernel is None:
+                kernel = cache[key] = jit(lambda *ys: fn(jnp, params, *ys))
+            return kernel(*xs)
+        return run
+
+    def from_host(self, value: np.ndarray) -> Any:
+        return self.jnp.asarray(value)
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+    def stack(self, values: list[Any]) -> Any:
+        return self.jnp.stack(values)
+
+    def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
+        return self.jnp.zeros(shape, dtype)
+
+
+BACKENDS: dict[str, Callable[[], Any]] = {"numpy": NumpyBackend, "jax": JaxBackend}
+
+
+def make_backend(name: str) -> Any:
+    try:
+        return BACKENDS[name]()
+    except KeyError:
+        raise TempoError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}") from None

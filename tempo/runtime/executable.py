@@ -1,0 +1,268 @@
+"""Compiling a program to an executable, and running it.
+
+The schedule's AST becomes generated Python source (one function, loops and calls), so
+index expressions are compiled once and the executor's inner loop is plain Python. Each
+statement calls a *launcher*: it evaluates the input dependences at the point, reads the
+tensor stores, runs the kernel and writes the outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from tempo.errors import TempoError
+from tempo.ir.graph import SDG, Edge, Op
+from tempo.ir.ops import has_symbolic_params, resolve_params
+from tempo.ir.validate import check_placeholders, resolve_bounds
+from tempo.runtime.backends import make_backend
+from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
+from tempo.schedule import ast
+from tempo.schedule.scheduler import Schedule, build_schedule
+from tempo.symbolic.expr import Slice, Symbol, compile_function
+
+if TYPE_CHECKING:
+    from tempo.api.context import Context
+    from tempo.api.tensor import RecurrentTensor
+
+Launcher = Callable[[tuple[int, ...]], None]
+
+
+class Results:
+    """Values of a run's outputs, indexed by the RTs themselves: ``res[x]``."""
+
+    def __init__(self, values: dict[tuple[int, int], np.ndarray]):
+        self._values = values
+
+    def __getitem__(self, rt: "RecurrentTensor") -> np.ndarray:
+        try:
+            return self._values[rt.key]
+        except KeyError:
+            raise TempoError(f"{rt!r} is not an output of this program; list it in "
+                             f"compile(outputs=[...])") from None
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+@dataclass
+class CompileReport:
+    """Time spent in each compile stage, in seconds."""
+
+    stages: dict[str, float] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return "\n".join(f"{k:<12} {v * 1000:8.1f} ms" for k, v in self.stages.items())
+
+
+class Executable:
+    """A scheduled program for fixed bounds. ``run()`` executes it from scratch."""
+
+    def __init__(self, ctx: "Context", graph: SDG, bounds: dict[Symbol, int],
+                 outputs: list["RecurrentTensor"], schedule: Schedule, backend: Any,
+                 report: CompileReport):
+        self.ctx, self.graph, self.bounds = ctx, graph, bounds
+        self.outputs, self.schedule, self.backend = outputs, schedule, backend
+        self.report = report
+        self.stats = MemoryStats()
+        self.source = _program_source(schedule)
+        self._program = _compile_source(self.source)
+
+    def run(self) -> Results:
+        """Execute every statement of the schedule; return the outputs' values."""
+        self.stats = MemoryStats()
+        stores = _make_stores(self.graph, self.schedule, self.bounds, self.ctx.bound_of,
+                              self.backend, self.stats)
+        namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
+                                     self.backend)
+        self._program(namespace)
+        return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
+
+    def _gather(self, rt: "RecurrentTensor", stores: dict) -> np.ndarray:
+        store = stores[rt.key]
+        sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]
+        values = [self.backend.to_host(store.read(p))
+                  for p in itertools.product(*(range(n) for n in sizes))]
+        shapes = {v.shape for v in values}
+        if len(shapes) != 1:
+            raise TempoError(f"output {rt!r} has a different shape at different points; "
+                             f"read it through a sink (tp.sink) instead", rt.op.site)
+        return np.stack(values).reshape((*sizes, *values[0].shape))
+
+
+def compile_program(ctx: "Context", bounds: dict, outputs: Sequence["RecurrentTensor"],
+                    backend: str = "jax") -> Executable:
+    """Check, schedule and prepare ``ctx``'s program for concrete ``bounds``."""
+    report = CompileReport()
+    clock = time.perf_counter()
+
+    def stage(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        report.stages[name] = now - clock
+        clock = now
+
+    graph = ctx.graph
+    values = resolve_bounds(graph, ctx.bound_of, bounds)
+    check_placeholders(graph)
+    outputs = list(outputs)
+    roots = [rt.op for rt in outputs] + [op for op in graph.ops.values() if op.kind == "udf"]
+    runtime = make_backend(backend)
+    stage("check")
+    schedule = build_schedule(graph, values, ctx.bound_of, roots, {rt.op.id for rt in outputs})
+    stage("schedule")
+    exe = Executable(ctx, graph, values, outputs, schedule, runtime, report)
+    stage("codegen")
+    return exe
+
+
+# ---- code generation ----------------------------------------------------------------------
+def _program_source(schedule: Schedule) -> str:
+    def call(stmt: ast.Stmt) -> str:
+        return f"{stmt.name}(({''.join(e.to_python() + ', ' for e in stmt.index)}))"
+    body = ast.to_python(schedule.root, call, indent=2)
+    names = sorted(schedule.statements)
+    return "\n".join([
+        "def program(ns):",
+        f"    {', '.join(names)}{',' if len(names) == 1 else ''} = "
+        f"{', '.join(f'ns[{n!r}]' for n in names)}" if names else "    pass",
+        "    if True:",
+        *body,
+    ])
+
+
+def _compile_source(source: str) -> Callable[[dict], None]:
+    namespace: dict[str, Any] = {"min": min, "max": max}
+    exec(compile(source, "<tempo program>", "exec"), namespace)  # noqa: S102 - generated code
+    return namespace["program"]
+
+
+def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[Symbol, int],
+                     backend: Any) -> dict[str, Callable]:
+    table: dict[str, Callable] = {}
+    for name, stmt in schedule.statements.items():
+        op = stmt.op
+        if stmt.kind == "exec":
+            table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend)
+        else:
+            table[name] = _free(op, stores)
+    return table
+
+
+def _free(op: Op, stores: dict) -> Callable:
+    targets = [stores[(op.id, k)] for k in range(len(op.outputs))]
+    if len(targets) == 1:
+        return targets[0].free
+
+    def free(point: tuple[int, ...]) -> None:
+        for store in targets:
+            store.free(point)
+    return free
+
+
+# ---- stores ------------------------------------------------------------------------------
+def _make_stores(graph: SDG, schedule: Schedule, bounds: dict[Symbol, int],
+                 bound_of: dict[Symbol, Symbol], backend: Any, stats: MemoryStats) -> dict:
+    consumers = graph.consumers()
+    stores = {}
+    for op in graph.ops.values():
+        for k, t in enumerate(op.outputs):
+            readers = [e for e in consumers[op.id] if e.src_out == k]
+            stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats)
+    return stores
+
+
+def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
+               bound_of: dict[Symbol, Symbol], backend: Any, stats: MemoryStats) -> Any:
+    t = op.outputs[k]
+    static = all(not (d.symbols() - set(bounds)) for d in t.shape)
+    shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
+    inner_slices = op.domain and any(isinstance(e.phi[-1], Slice) for e in readers)
+    if shape is not None and inner_slices:
+        return BlockStore(stats, bounds[bound_of[op.domain[-1]]], shape, t.dtype)
+
+    def empty(sizes: tuple[int, ...]) -> Any:
+        if shape is None:
+            raise TempoError(f"cannot read an empty slice of {op.name}, whose shape varies",
+                             op.site)
+        return backend.zeros((*sizes, *shape), t.dtype)
+    return PointStore(backend, stats, empty)
+
+
+# ---- launchers ---------------------------------------------------------------------------
+def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
+                  backend: Any) -> Launcher:
+    """The function that executes ``op`` at a point."""
+    reads = [(stores[(e.src.id, e.src_out)].read, compile_function(e.phi, op.domain, bounds))
+             for e in edges]
+    writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
+    if op.kind == "merge":
+        return _merge_launcher(op, edges, reads, writes[0], bounds)
+    if op.definition.host:
+        return _host_launcher(op, reads, writes, bounds, backend)
+    return _device_launcher(op, edges, reads, writes, bounds, backend)
+
+
+def _static_shapes(op: Op, edges: list[Edge], bounds: dict[Symbol, int]) -> bool:
+    """Whether the op's inputs and outputs have the same shape at every point."""
+    known = set(bounds)
+    shapes = [d for t in op.outputs for d in t.shape]
+    for e in edges:
+        shapes += [d for d in e.src.outputs[e.src_out].shape]
+        shapes += [entry.size for entry in e.phi if isinstance(entry, Slice)]
+    return all(d.symbols() <= known for d in shapes)
+
+
+def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,
+                    bounds: dict[Symbol, int]) -> Launcher:
+    branches = [(compile_function([e.cond], op.domain, bounds), read, phi)
+                for e, (read, phi) in zip(edges, reads)]
+
+    def launch(point: tuple[int, ...]) -> None:
+        for cond, read, phi in branches:
+            if cond(*point)[0]:
+                write(point, read(phi(*point)))
+                return
+        raise TempoError(f"internal: no branch of {op.name} holds at {point}", op.site)
+    return launch
+
+
+def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Symbol, int],
+                   backend: Any) -> Launcher:
+    kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
+    to_host, from_host, domain = backend.to_host, backend.from_host, op.domain
+
+    def launch(point: tuple[int, ...]) -> None:
+        env = {**bounds, **dict(zip(domain, point))}
+        outs = kernel(params, env, *(to_host(read(phi(*point))) for read, phi in reads))
+        for write, value in zip(writes, outs if multi else (outs,)):
+            write(point, from_host(value))
+    return launch
+
+
+def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
+                     bounds: dict[Symbol, int], backend: Any) -> Launcher:
+    kernel = backend.kernel(op, _static_shapes(op, edges, bounds))
+    multi = op.definition.multi_output
+    symbolic = has_symbolic_params(op.params)
+    static_params = None if symbolic else resolve_params(op.params, bounds)
+    domain = op.domain
+    if len(reads) == 1 and len(writes) == 1 and not symbolic and not multi:
+        (read, phi), = reads
+        write = writes[0]
+
+        def launch_unary(point: tuple[int, ...]) -> None:
+            write(point, kernel(static_params, read(phi(*point))))
+        return launch_unary
+
+    def launch(point: tuple[int, ...]) -> None:
+        params = resolve_params(op.params, {**bounds, **dict(zip(domain, point))}) \
+            if symbolic else static_params
+        outs = kernel(params, *(read(phi(*point)) for read, phi in reads))
+        for write, value in zip(writes, outs if multi else (outs,)):
+            write(point, value)
+    return launch

@@ -1,0 +1,94 @@
+"""Tensor stores: where the points of an op's output live between production and free."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass
+class MemoryStats:
+    """Number of stored points alive now and at the peak of a run."""
+
+    live: int = 0
+    peak: int = 0
+
+
+class PointStore:
+    """One array per point. Fast point reads and writes; slice reads stack points."""
+
+    def __init__(self, backend: Any, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any]):
+        self.backend, self.stats, self.empty = backend, stats, empty
+        self.data: dict[tuple[int, ...], Any] = {}
+
+    def write(self, point: tuple[int, ...], value: Any) -> None:
+        if point not in self.data:
+            stats = self.stats
+            stats.live += 1
+            if stats.live > stats.peak:
+                stats.peak = stats.live
+        self.data[point] = value
+
+    def read(self, index: tuple) -> Any:
+        if not any(isinstance(i, slice) for i in index):
+            return self.data[index]
+        axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in index]
+        sizes = tuple(len(a) for a in axes if isinstance(a, range))
+        values = [self.data[p] for p in itertools.product(*axes)]
+        if not values:
+            return self.empty(sizes)
+        return self.backend.stack(values).reshape(sizes + tuple(values[0].shape))
+
+    def free(self, point: tuple[int, ...]) -> None:
+        if self.data.pop(point, None) is not None:
+            self.stats.live -= 1
+
+
+class BlockStore:
+    """A preallocated buffer along the innermost dim for each prefix point.
+
+    For RTs read through slices of their innermost dim (``x[0:t+1]``, ``x[t:T]``,
+    windows): a slice read is one buffer slice instead of a stack of points. Buffers are
+    host (NumPy) memory: their readers have point-varying shapes, which run on the host
+    until tiling makes them static.
+    """
+
+    def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str):
+        self.stats = stats
+        self.length, self.shape, self.dtype = length, shape, dtype
+        self.blocks: dict[tuple[int, ...], Any] = {}
+        self.written: dict[tuple[int, ...], set[int]] = {}
+
+    def write(self, point: tuple[int, ...], value: Any) -> None:
+        prefix, k = point[:-1], point[-1]
+        block = self.blocks.get(prefix)
+        if block is None:
+            block = self.blocks[prefix] = np.zeros((self.length, *self.shape), self.dtype)
+            self.written[prefix] = set()
+        block[k] = np.asarray(value)
+        if k not in self.written[prefix]:
+            self.written[prefix].add(k)
+            self.stats.live += 1
+            self.stats.peak = max(self.stats.peak, self.stats.live)
+
+    def read(self, index: tuple) -> Any:
+        prefix, last = index[:-1], index[-1]
+        if any(isinstance(i, slice) for i in prefix):
+            axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in prefix]
+            sizes = tuple(len(a) for a in axes if isinstance(a, range))
+            rows = [self.blocks[p][last] for p in itertools.product(*axes)]
+            return np.stack(rows).reshape(sizes + tuple(rows[0].shape))
+        return self.blocks[prefix][last]
+
+    def free(self, point: tuple[int, ...]) -> None:
+        prefix, k = point[:-1], point[-1]
+        written = self.written.get(prefix)
+        if written is None or k not in written:
+            return
+        written.discard(k)
+        self.stats.live -= 1
+        if not written:
+            del self.blocks[prefix], self.written[prefix]

@@ -1,0 +1,108 @@
+"""Our loop-program AST, built from isl's AST, printable and compilable to Python."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import islpy as isl
+
+from tempo.errors import TempoError
+from tempo.symbolic.expr import Expr, Symbol
+from tempo.symbolic.isl_bridge import from_isl_ast_expr
+
+
+@dataclass(frozen=True)
+class Seq:
+    body: tuple["Node", ...]
+
+
+@dataclass(frozen=True)
+class Loop:
+    var: Symbol
+    start: Expr
+    cond: Expr
+    step: int
+    body: "Node"
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Expr
+    then: "Node"
+    orelse: "Node | None" = None
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """Run statement ``name`` (an op execution or a deallocation) at ``index``."""
+
+    name: str
+    index: tuple[Expr, ...]
+
+
+Node = Union[Seq, Loop, If, Stmt]
+
+
+def from_isl(node: isl.AstNode, symbols: dict[str, Expr] | None = None) -> Node:
+    """Our AST for an isl AST; loop iterators become ``Symbol(name, 'loop')``."""
+    symbols = dict(symbols or {})
+    kind = node.get_type()
+    if kind == isl.ast_node_type.for_:
+        name = node.for_get_iterator().get_id().get_name()
+        var = Symbol(name, "loop")
+        start = from_isl_ast_expr(node.for_get_init(), symbols)
+        symbols[name] = var
+        cond = from_isl_ast_expr(node.for_get_cond(), symbols)
+        step = from_isl_ast_expr(node.for_get_inc(), symbols)
+        return Loop(var, start, cond, int(step.value), from_isl(node.for_get_body(), symbols))
+    if kind == isl.ast_node_type.if_:
+        cond = from_isl_ast_expr(node.if_get_cond(), symbols)
+        orelse = from_isl(node.if_get_else_node(), symbols) if node.if_has_else_node() else None
+        return If(cond, from_isl(node.if_get_then_node(), symbols), orelse)
+    if kind == isl.ast_node_type.block:
+        children = node.block_get_children()
+        return Seq(tuple(from_isl(children.get_at(k), symbols)
+                         for k in range(children.n_ast_node())))
+    if kind == isl.ast_node_type.mark:
+        return from_isl(node.mark_get_node(), symbols)
+    if kind == isl.ast_node_type.user:
+        call = node.user_get_expr()
+        name = call.get_op_arg(0).get_id().get_name()
+        args = tuple(from_isl_ast_expr(call.get_op_arg(k), symbols)
+                     for k in range(1, call.get_op_n_arg()))
+        return Stmt(name, args)
+    raise TempoError(f"internal: unsupported isl AST node {kind}")
+
+
+def _range_stop(loop: Loop) -> Expr | None:
+    """``stop`` when the loop condition is ``var < stop`` or ``var <= stop - 1``."""
+    c = loop.cond
+    if c.op in ("lt", "le") and c.args[0] is loop.var and loop.var not in c.args[1].symbols():
+        return c.args[1] if c.op == "lt" else c.args[1] + 1
+    return None
+
+
+def to_python(node: Node, call: Callable[[Stmt], str], indent: int = 1) -> list[str]:
+    """Python source lines for ``node``; ``call`` renders one statement."""
+    pad = "    " * indent
+    if isinstance(node, Seq):
+        return [line for child in node.body for line in to_python(child, call, indent)] \
+            or [f"{pad}pass"]
+    if isinstance(node, Stmt):
+        return [f"{pad}{call(node)}"]
+    if isinstance(node, If):
+        lines = [f"{pad}if {node.cond.to_python()}:", *to_python(node.then, call, indent + 1)]
+        if node.orelse is not None:
+            lines += [f"{pad}else:", *to_python(node.orelse, call, indent + 1)]
+        return lines
+    stop = _range_stop(node)
+    body = to_python(node.body, call, indent + 1)
+    var = node.var.name
+    if stop is not None:
+        step = "" if node.step == 1 else f", {node.step}"
+        return [f"{pad}for {var} in range({node.start.to_python()}, {stop.to_python()}{step}):",
+                *body]
+    return [f"{pad}{var} = {node.start.to_python()}",
+            f"{pad}while {node.cond.to_python()}:", *body,
+            f"{pad}    {var} += {node.step}"]
