@@ -1,12 +1,33 @@
 """Tempo: recurrent tensors compiled through a symbolic dependence graph, isl and JAX."""
 
 from tempo.api import (
-    Context, RecurrentTensor, cat, const, matmul, max, min, normal, placeholder, randint, sink,
-    stack, symbol_value, udf, uniform, where,
+    Context,
+    RecurrentTensor,
+    cat,
+    const,
+    matmul,
+    max,
+    min,
+    normal,
+    placeholder,
+    randint,
+    sink,
+    stack,
+    symbol_value,
+    udf,
+    uniform,
+    where,
 )
 from tempo.errors import (
-    BoundsError, DomainError, OutOfRangeError, ShapeError, TempoError, UDFError,
-    UndefinedPointError, UnschedulableError, UnsupportedExpressionError,
+    BoundsError,
+    DomainError,
+    OutOfRangeError,
+    ShapeError,
+    TempoError,
+    UDFError,
+    UndefinedPointError,
+    UnschedulableError,
+    UnsupportedExpressionError,
 )
 from tempo.symbolic.expr import Slice, Symbol
 

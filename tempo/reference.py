@@ -7,7 +7,8 @@ schedule. It is slow and simple on purpose: every compiled result is tested agai
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

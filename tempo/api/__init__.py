@@ -2,8 +2,20 @@
 
 from tempo.api.context import Context
 from tempo.api.functions import (
-    cat, const, matmul, max, min, normal, placeholder, randint, sink, stack, symbol_value, udf,
-    uniform, where,
+    cat,
+    const,
+    matmul,
+    max,
+    min,
+    normal,
+    placeholder,
+    randint,
+    sink,
+    stack,
+    symbol_value,
+    udf,
+    uniform,
+    where,
 )
 from tempo.api.tensor import RecurrentTensor
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tempo.errors import DomainError, ShapeError, TempoError, user_site
 from tempo.ir.graph import SDG, Edge, Op
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from tempo.api.tensor import RecurrentTensor
     from tempo.runtime.executable import Executable
 
-_ACTIVE: list["Context"] = []
+_ACTIVE: list[Context] = []
 
 
 class Context:
@@ -35,7 +36,7 @@ class Context:
         self.graph = SDG()
 
     # ---- activation -------------------------------------------------------------------
-    def __enter__(self) -> "Context":
+    def __enter__(self) -> Context:
         _ACTIVE.append(self)
         return self
 
@@ -66,7 +67,7 @@ class Context:
         return ", ".join(d.name for d in self.dims)
 
     # ---- graph building ---------------------------------------------------------------
-    def add_op(self, kind: str, inputs: Sequence["RecurrentTensor"], params: dict[str, Any],
+    def add_op(self, kind: str, inputs: Sequence[RecurrentTensor], params: dict[str, Any],
                domain: Iterable[Symbol] = (), phis: Sequence[tuple[IndexEntry, ...]] | None = None,
                label: str = "") -> Op:
         """Add an op reading ``inputs`` (at identity unless ``phis`` says otherwise)."""
@@ -86,13 +87,13 @@ class Context:
             self.graph.add_edge(Edge(op, k, x.op, x.out, tuple(phi)))
         return op
 
-    def add_branch(self, merge: Op, value: "RecurrentTensor", phi: tuple[IndexEntry, ...],
+    def add_branch(self, merge: Op, value: RecurrentTensor, phi: tuple[IndexEntry, ...],
                    cond: Expr = TRUE) -> None:
         k = len(self.graph.in_edges(merge))
         self.graph.add_edge(Edge(merge, k, value.op, value.out, phi, cond))
 
-    def compile(self, bounds: dict[Symbol, int], outputs: Sequence["RecurrentTensor"] = (),
-                backend: str = "jax") -> "Executable":
+    def compile(self, bounds: dict[Symbol, int], outputs: Sequence[RecurrentTensor] = (),
+                backend: str = "jax") -> Executable:
         """Check and schedule the program for concrete ``bounds``; ``backend`` is "jax" or
         "numpy". ``run()`` on the result returns the value of every point of ``outputs``."""
         from tempo.runtime.executable import compile_program

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from tempo.api.tensor import RecurrentTensor, constant, lift
 from tempo.api.tensor import symbol_value as _symbol_value
 from tempo.errors import ShapeError, UDFError, user_site
 from tempo.ir.types import TensorType, dtype_name
-from tempo.symbolic.expr import Expr, ExprLike, Symbol, as_expr, maximum, minimum
+from tempo.symbolic.expr import ExprLike, Symbol, as_expr, maximum, minimum
 
 _rng_keys = itertools.count()
 

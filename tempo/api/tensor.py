@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +13,15 @@ from tempo.ir.graph import Op
 from tempo.ir.ops import broadcast_shapes
 from tempo.ir.types import Shape, TensorType, dtype_name
 from tempo.symbolic.expr import (
-    TRUE, Expr, ExprLike, IndexEntry, Slice, Symbol, as_expr, linear_form, logical_and,
+    TRUE,
+    Expr,
+    ExprLike,
+    IndexEntry,
+    Slice,
+    Symbol,
+    as_expr,
+    linear_form,
+    logical_and,
 )
 
 Scalar = int | float | bool
@@ -64,112 +73,112 @@ class RecurrentTensor:
         return f"RT({self.op.name}, domain=({dom}), {self.type!r})"
 
     # ---- building blocks -------------------------------------------------------------
-    def _apply(self, kind: str, *others: Any, **params: Any) -> "RecurrentTensor":
+    def _apply(self, kind: str, *others: Any, **params: Any) -> RecurrentTensor:
         inputs = [self, *(lift(self.ctx, o, like=self) for o in others)]
         return RecurrentTensor(self.ctx, self.ctx.add_op(kind, inputs, params))
 
-    def _rapply(self, kind: str, other: Any) -> "RecurrentTensor":
+    def _rapply(self, kind: str, other: Any) -> RecurrentTensor:
         return lift(self.ctx, other, like=self)._apply(kind, self)
 
     # ---- arithmetic and comparison ----------------------------------------------------
-    def __add__(self, o: Any) -> "RecurrentTensor": return self._apply("add", o)
-    def __radd__(self, o: Any) -> "RecurrentTensor": return self._rapply("add", o)
-    def __sub__(self, o: Any) -> "RecurrentTensor": return self._apply("sub", o)
-    def __rsub__(self, o: Any) -> "RecurrentTensor": return self._rapply("sub", o)
-    def __mul__(self, o: Any) -> "RecurrentTensor": return self._apply("mul", o)
-    def __rmul__(self, o: Any) -> "RecurrentTensor": return self._rapply("mul", o)
-    def __truediv__(self, o: Any) -> "RecurrentTensor": return self._apply("div", o)
-    def __rtruediv__(self, o: Any) -> "RecurrentTensor": return self._rapply("div", o)
-    def __pow__(self, o: Any) -> "RecurrentTensor": return self._apply("pow", o)
-    def __rpow__(self, o: Any) -> "RecurrentTensor": return self._rapply("pow", o)
-    def __matmul__(self, o: Any) -> "RecurrentTensor": return self._apply("matmul", o)
-    def __rmatmul__(self, o: Any) -> "RecurrentTensor": return self._rapply("matmul", o)
-    def __neg__(self) -> "RecurrentTensor": return self._apply("neg")
-    def __eq__(self, o: Any) -> "RecurrentTensor": return self._apply("eq", o)  # type: ignore[override]
-    def __ne__(self, o: Any) -> "RecurrentTensor": return self._apply("ne", o)  # type: ignore[override]
-    def __lt__(self, o: Any) -> "RecurrentTensor": return self._apply("lt", o)
-    def __le__(self, o: Any) -> "RecurrentTensor": return self._apply("le", o)
-    def __gt__(self, o: Any) -> "RecurrentTensor": return self._apply("gt", o)
-    def __ge__(self, o: Any) -> "RecurrentTensor": return self._apply("ge", o)
-    def __and__(self, o: Any) -> "RecurrentTensor": return self._apply("and", o)
-    def __or__(self, o: Any) -> "RecurrentTensor": return self._apply("or", o)
-    def __invert__(self) -> "RecurrentTensor": return self._apply("not")
+    def __add__(self, o: Any) -> RecurrentTensor: return self._apply("add", o)
+    def __radd__(self, o: Any) -> RecurrentTensor: return self._rapply("add", o)
+    def __sub__(self, o: Any) -> RecurrentTensor: return self._apply("sub", o)
+    def __rsub__(self, o: Any) -> RecurrentTensor: return self._rapply("sub", o)
+    def __mul__(self, o: Any) -> RecurrentTensor: return self._apply("mul", o)
+    def __rmul__(self, o: Any) -> RecurrentTensor: return self._rapply("mul", o)
+    def __truediv__(self, o: Any) -> RecurrentTensor: return self._apply("div", o)
+    def __rtruediv__(self, o: Any) -> RecurrentTensor: return self._rapply("div", o)
+    def __pow__(self, o: Any) -> RecurrentTensor: return self._apply("pow", o)
+    def __rpow__(self, o: Any) -> RecurrentTensor: return self._rapply("pow", o)
+    def __matmul__(self, o: Any) -> RecurrentTensor: return self._apply("matmul", o)
+    def __rmatmul__(self, o: Any) -> RecurrentTensor: return self._rapply("matmul", o)
+    def __neg__(self) -> RecurrentTensor: return self._apply("neg")
+    def __eq__(self, o: Any) -> RecurrentTensor: return self._apply("eq", o)  # type: ignore[override]
+    def __ne__(self, o: Any) -> RecurrentTensor: return self._apply("ne", o)  # type: ignore[override]
+    def __lt__(self, o: Any) -> RecurrentTensor: return self._apply("lt", o)
+    def __le__(self, o: Any) -> RecurrentTensor: return self._apply("le", o)
+    def __gt__(self, o: Any) -> RecurrentTensor: return self._apply("gt", o)
+    def __ge__(self, o: Any) -> RecurrentTensor: return self._apply("ge", o)
+    def __and__(self, o: Any) -> RecurrentTensor: return self._apply("and", o)
+    def __or__(self, o: Any) -> RecurrentTensor: return self._apply("or", o)
+    def __invert__(self) -> RecurrentTensor: return self._apply("not")
 
-    def exp(self) -> "RecurrentTensor": return self._apply("exp")
-    def log(self) -> "RecurrentTensor": return self._apply("log")
-    def tanh(self) -> "RecurrentTensor": return self._apply("tanh")
-    def sqrt(self) -> "RecurrentTensor": return self._apply("sqrt")
-    def abs(self) -> "RecurrentTensor": return self._apply("abs")
-    def sin(self) -> "RecurrentTensor": return self._apply("sin")
-    def cos(self) -> "RecurrentTensor": return self._apply("cos")
-    def floor(self) -> "RecurrentTensor": return self._apply("floor")
+    def exp(self) -> RecurrentTensor: return self._apply("exp")
+    def log(self) -> RecurrentTensor: return self._apply("log")
+    def tanh(self) -> RecurrentTensor: return self._apply("tanh")
+    def sqrt(self) -> RecurrentTensor: return self._apply("sqrt")
+    def abs(self) -> RecurrentTensor: return self._apply("abs")
+    def sin(self) -> RecurrentTensor: return self._apply("sin")
+    def cos(self) -> RecurrentTensor: return self._apply("cos")
+    def floor(self) -> RecurrentTensor: return self._apply("floor")
 
-    def sigmoid(self) -> "RecurrentTensor":
+    def sigmoid(self) -> RecurrentTensor:
         return 1.0 / (1.0 + (-self).exp())
 
-    def relu(self) -> "RecurrentTensor":
+    def relu(self) -> RecurrentTensor:
         return self._apply("maximum", 0)
 
-    def astype(self, dtype: Any) -> "RecurrentTensor":
+    def astype(self, dtype: Any) -> RecurrentTensor:
         return self._apply("astype", dtype=dtype_name(dtype))
 
     # ---- reductions and scans ---------------------------------------------------------
-    def _reduce(self, kind: str, dim: int | Sequence[int] | None, keepdim: bool) -> "RecurrentTensor":
+    def _reduce(self, kind: str, dim: int | Sequence[int] | None, keepdim: bool) -> RecurrentTensor:
         dims = tuple(range(self.ndim)) if dim is None else (
             (dim,) if isinstance(dim, int) else tuple(dim))
         return self._apply(f"reduce_{kind}", dims=dims, keepdims=keepdim)
 
-    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> "RecurrentTensor":
+    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
         """Sum over spatial ``dim`` (all by default)."""
         return self._reduce("sum", dim, keepdim)
 
-    def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> "RecurrentTensor":
+    def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
         return self._reduce("mean", dim, keepdim)
 
-    def max(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> "RecurrentTensor":
+    def max(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
         return self._reduce("max", dim, keepdim)
 
-    def min(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> "RecurrentTensor":
+    def min(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
         return self._reduce("min", dim, keepdim)
 
-    def prod(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> "RecurrentTensor":
+    def prod(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
         return self._reduce("prod", dim, keepdim)
 
-    def cumsum(self, dim: int = 0) -> "RecurrentTensor":
+    def cumsum(self, dim: int = 0) -> RecurrentTensor:
         return self._apply("cumsum", dim=dim)
 
-    def discounted_sum(self, gamma: float, dim: int = 0) -> "RecurrentTensor":
+    def discounted_sum(self, gamma: float, dim: int = 0) -> RecurrentTensor:
         """``sum_k gamma**k * x[k]`` along spatial ``dim`` (the leading one by default)."""
         return self._apply("discounted_sum", dim=dim, gamma=float(gamma))
 
     # ---- layout -----------------------------------------------------------------------
-    def reshape(self, *shape: ExprLike | Sequence[ExprLike]) -> "RecurrentTensor":
+    def reshape(self, *shape: ExprLike | Sequence[ExprLike]) -> RecurrentTensor:
         return self._apply("reshape", shape=_shape_arg(shape))
 
-    def permute(self, *dims: int | Sequence[int]) -> "RecurrentTensor":
+    def permute(self, *dims: int | Sequence[int]) -> RecurrentTensor:
         return self._apply("permute", dims=tuple(_shape_arg(dims, ints=True)))
 
-    def expand(self, *shape: ExprLike | Sequence[ExprLike]) -> "RecurrentTensor":
+    def expand(self, *shape: ExprLike | Sequence[ExprLike]) -> RecurrentTensor:
         return self._apply("expand", shape=_shape_arg(shape))
 
-    def squeeze(self, dim: int = 0) -> "RecurrentTensor":
+    def squeeze(self, dim: int = 0) -> RecurrentTensor:
         return self._apply("squeeze", dim=dim)
 
-    def unsqueeze(self, dim: int = 0) -> "RecurrentTensor":
+    def unsqueeze(self, dim: int = 0) -> RecurrentTensor:
         return self._apply("unsqueeze", dim=dim)
 
-    def gather(self, index: "RecurrentTensor", dim: int = -1) -> "RecurrentTensor":
+    def gather(self, index: RecurrentTensor, dim: int = -1) -> RecurrentTensor:
         """``take_along_axis``: an index of the same rank picks entries along ``dim``."""
         return self._apply("gather", index, dim=dim)
 
     # ---- indexing ---------------------------------------------------------------------
-    def __getitem__(self, key: Any) -> "RecurrentTensor":
+    def __getitem__(self, key: Any) -> RecurrentTensor:
         entries = key if isinstance(key, tuple) else (key,)
         temporal, spatial = entries[:len(self.domain)], entries[len(self.domain):]
         out = self._index_temporal(temporal) if temporal else self
         return out._index_spatial(spatial) if spatial else out
 
-    def _index_temporal(self, entries: Sequence[Any]) -> "RecurrentTensor":
+    def _index_temporal(self, entries: Sequence[Any]) -> RecurrentTensor:
         phi = list(self.domain)
         for k, entry in enumerate(entries):
             phi[k] = _temporal_entry(self.ctx, entry, self.domain[k])
@@ -182,7 +191,7 @@ class RecurrentTensor:
                              phis=[tuple(phi)])
         return RecurrentTensor(self.ctx, op)
 
-    def _index_spatial(self, entries: Sequence[Any]) -> "RecurrentTensor":
+    def _index_spatial(self, entries: Sequence[Any]) -> RecurrentTensor:
         out, dim = self, 0
         for entry in entries:
             if entry is Ellipsis:
@@ -199,7 +208,7 @@ class RecurrentTensor:
                 dim += index.ndim
         return out
 
-    def _spatial_slice(self, dim: int, entry: slice) -> "RecurrentTensor":
+    def _spatial_slice(self, dim: int, entry: slice) -> RecurrentTensor:
         if entry.step not in (None, 1):
             raise ShapeError("spatial slices support step 1 only", user_site())
         size = self.shape[dim]

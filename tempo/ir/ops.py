@@ -8,8 +8,9 @@ values, RNG, UDFs) run on the host with the point they execute at.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -75,8 +76,19 @@ def normalize_dim(dim: int, ndim: int) -> int:
     return dim % max(ndim, 1)
 
 
-def result_dtype(*dtypes: str) -> str:
+def result_dtype(*dtypes: Any) -> str:
+    """Promotion as in JAX: floats win over ints without widening (int32 * float32 is
+    float32); within a kind, the wider type."""
+    kinds = {np.dtype(d).kind for d in dtypes}
+    floats = [d for d in dtypes if np.dtype(d).kind in "fc"]
+    if floats and kinds - {"f", "c"}:
+        return np.result_type(*floats).name
     return np.result_type(*dtypes).name
+
+
+def _promote(a: Any, b: Any) -> tuple[Any, Any]:
+    dtype = result_dtype(a.dtype, b.dtype)
+    return a.astype(dtype), b.astype(dtype)
 
 
 def _same(t: TensorType, **_: Any) -> tuple[TensorType, ...]:
@@ -100,10 +112,11 @@ def _infer_binary(a: TensorType, b: TensorType, *, out_dtype: str | None = None)
 
 
 for _name, _fn in _ARITH.items():
-    register(_name, _infer_binary, (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(a, b))(_fn))
+    register(_name, _infer_binary,
+             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn))
 for _name, _fn in _COMPARE.items():
     register(_name, lambda a, b: _infer_binary(a, b, out_dtype="bool"),
-             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(a, b))(_fn))
+             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn))
 
 
 def _infer_div(a: TensorType, b: TensorType) -> tuple[TensorType]:
@@ -111,12 +124,13 @@ def _infer_div(a: TensorType, b: TensorType) -> tuple[TensorType]:
     return _infer_binary(a, b, out_dtype=dtype if np.dtype(dtype).kind == "f" else "float32")
 
 
-register("div", _infer_div, lambda xp, p, a, b: xp.true_divide(a, b).astype(_float(a, b)))
+def _div(xp: Any, p: dict, a: Any, b: Any) -> Any:
+    dtype = result_dtype(a.dtype, b.dtype)
+    dtype = dtype if np.dtype(dtype).kind == "f" else "float32"
+    return xp.true_divide(a.astype(dtype), b.astype(dtype))
 
 
-def _float(a: Any, b: Any) -> str:
-    dtype = np.result_type(a.dtype, b.dtype)
-    return dtype.name if dtype.kind == "f" else "float32"
+register("div", _infer_div, _div)
 
 
 def _infer_where(c: TensorType, a: TensorType, b: TensorType) -> tuple[TensorType]:
@@ -125,7 +139,7 @@ def _infer_where(c: TensorType, a: TensorType, b: TensorType) -> tuple[TensorTyp
     return (TensorType(broadcast_shapes(c.shape, a.shape, b.shape), result_dtype(a.dtype, b.dtype)),)
 
 
-register("where", _infer_where, lambda xp, p, c, a, b: xp.where(c, a, b))
+register("where", _infer_where, lambda xp, p, c, a, b: xp.where(c, *_promote(a, b)))
 register("astype", lambda x, dtype: (TensorType(x.shape, dtype),),
          lambda xp, p, x: x.astype(p["dtype"]))
 
@@ -145,7 +159,7 @@ def _infer_matmul(a: TensorType, b: TensorType) -> tuple[TensorType]:
     return (TensorType((*batch, *rows, *cols), result_dtype(a.dtype, b.dtype)),)
 
 
-register("matmul", _infer_matmul, lambda xp, p, a, b: xp.matmul(a, b))
+register("matmul", _infer_matmul, lambda xp, p, a, b: xp.matmul(*_promote(a, b)))
 
 
 # ---- reductions and scans -------------------------------------------------------------
@@ -266,7 +280,12 @@ def _infer_cat(*xs: TensorType, dim: int) -> tuple[TensorType]:
     return (TensorType(shape, result_dtype(*(x.dtype for x in xs))),)
 
 
-register("cat", _infer_cat, lambda xp, p, *xs: xp.concatenate(xs, axis=p["dim"]))
+def _same_dtype(xs: tuple) -> list:
+    dtype = result_dtype(*(x.dtype for x in xs))
+    return [x.astype(dtype) for x in xs]
+
+
+register("cat", _infer_cat, lambda xp, p, *xs: xp.concatenate(_same_dtype(xs), axis=p["dim"]))
 
 
 def _infer_stack(*xs: TensorType, dim: int) -> tuple[TensorType]:
@@ -279,7 +298,7 @@ def _infer_stack(*xs: TensorType, dim: int) -> tuple[TensorType]:
     return (TensorType(shape, result_dtype(*(x.dtype for x in xs))),)
 
 
-register("stack", _infer_stack, lambda xp, p, *xs: xp.stack(xs, axis=p["dim"]))
+register("stack", _infer_stack, lambda xp, p, *xs: xp.stack(_same_dtype(xs), axis=p["dim"]))
 
 
 def _infer_slice(x: TensorType, dim: int, start: Expr, stop: Expr) -> tuple[TensorType]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
-from tempo.errors import BoundsError, UndefinedPointError
-from tempo.ir.graph import SDG
-from tempo.symbolic.expr import Slice, Symbol
+from tempo.errors import BoundsError, TempoError, UndefinedPointError
+from tempo.ir.graph import SDG, Edge, Op
+from tempo.ir.types import TensorType
+from tempo.symbolic.expr import TRUE, Slice, Symbol
 
 
 def used_symbols(graph: SDG) -> set[Symbol]:
@@ -51,3 +52,61 @@ def check_placeholders(graph: SDG, ops: Iterable | None = None) -> None:
         if op.kind == "merge" and not graph.in_edges(op):
             raise UndefinedPointError(f"placeholder {op.name} has no branch: assign it with "
                                       f"y[...] = value", op.site)
+
+
+class GraphError(TempoError):
+    """The SDG breaks one of its invariants (a bug in Tempo or in a pass, not user input)."""
+
+
+def check_graph(graph: SDG, bound_of: dict[Symbol, Symbol]) -> None:
+    """Check the SDG's invariants; the error shows the offending op and edge."""
+    bounds = set(bound_of.values())
+    for op in graph.ops.values():
+        edges = graph.in_edges(op)
+        if [e.sink_in for e in edges] != list(range(len(edges))):
+            raise GraphError(f"inputs of {op!r} are not numbered 0..{len(edges) - 1}")
+        for e in edges:
+            _check_edge(op, e, bounds)
+        _check_types(op, edges)
+
+
+def _check_edge(op: Op, e: Edge, bounds: set[Symbol]) -> None:
+    where = f"\n  in edge {e!r}\n  of op {op!r}"
+    if e.sink is not op:
+        raise GraphError(f"edge is listed under the wrong sink{where}")
+    if len(e.phi) != len(e.src.domain):
+        raise GraphError(f"dependence has {len(e.phi)} entries for a source domain of "
+                         f"{len(e.src.domain)} dims{where}")
+    allowed = set(op.domain) | bounds
+    for entry in (*e.phi, e.cond):
+        stray = entry.symbols() - allowed
+        if stray:
+            raise GraphError(f"{', '.join(s.name for s in stray)} is not in the sink's domain{where}")
+    if not e.cond.is_bool:
+        raise GraphError(f"edge condition {e.cond} is not boolean{where}")
+    if op.kind != "merge" and e.cond is not TRUE:
+        raise GraphError(f"only merge ops have conditional inputs{where}")
+
+
+def _check_types(op: Op, edges: list[Edge]) -> None:
+    in_types = [_read_type(e) for e in edges]
+    if op.kind == "merge":
+        out = op.outputs[0]
+        bad = [e for e, t in zip(edges, in_types) if t != out]
+        if bad:
+            raise GraphError(f"branch {bad[0]!r} has type {_read_type(bad[0])!r}, "
+                             f"the placeholder {op!r} has {out!r}")
+        return
+    try:
+        inferred = op.definition.infer(*in_types, **op.params)
+    except TempoError as err:
+        raise GraphError(f"{op!r} no longer type-checks: {err.args[0]}") from None
+    if tuple(inferred) != tuple(op.outputs):
+        raise GraphError(f"{op!r} declares {list(op.outputs)} but its inputs give {list(inferred)}")
+
+
+def _read_type(e: Edge) -> TensorType:
+    """The type the sink sees: slices of the source's dims become leading spatial dims."""
+    t = e.src.outputs[e.src_out]
+    sizes = tuple(entry.size for entry in e.phi if isinstance(entry, Slice))
+    return TensorType((*sizes, *t.shape), t.dtype)

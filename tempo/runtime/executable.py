@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tempo.errors import TempoError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import has_symbolic_params, resolve_params
-from tempo.ir.validate import check_placeholders, resolve_bounds
+from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
 from tempo.runtime.backends import make_backend
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
 from tempo.schedule import ast
@@ -38,7 +39,7 @@ class Results:
     def __init__(self, values: dict[tuple[int, int], np.ndarray]):
         self._values = values
 
-    def __getitem__(self, rt: "RecurrentTensor") -> np.ndarray:
+    def __getitem__(self, rt: RecurrentTensor) -> np.ndarray:
         try:
             return self._values[rt.key]
         except KeyError:
@@ -62,8 +63,8 @@ class CompileReport:
 class Executable:
     """A scheduled program for fixed bounds. ``run()`` executes it from scratch."""
 
-    def __init__(self, ctx: "Context", graph: SDG, bounds: dict[Symbol, int],
-                 outputs: list["RecurrentTensor"], schedule: Schedule, backend: Any,
+    def __init__(self, ctx: Context, graph: SDG, bounds: dict[Symbol, int],
+                 outputs: list[RecurrentTensor], schedule: Schedule, backend: Any,
                  report: CompileReport):
         self.ctx, self.graph, self.bounds = ctx, graph, bounds
         self.outputs, self.schedule, self.backend = outputs, schedule, backend
@@ -82,7 +83,7 @@ class Executable:
         self._program(namespace)
         return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
 
-    def _gather(self, rt: "RecurrentTensor", stores: dict) -> np.ndarray:
+    def _gather(self, rt: RecurrentTensor, stores: dict) -> np.ndarray:
         store = stores[rt.key]
         sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]
         values = [self.backend.to_host(store.read(p))
@@ -94,7 +95,7 @@ class Executable:
         return np.stack(values).reshape((*sizes, *values[0].shape))
 
 
-def compile_program(ctx: "Context", bounds: dict, outputs: Sequence["RecurrentTensor"],
+def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
                     backend: str = "jax") -> Executable:
     """Check, schedule and prepare ``ctx``'s program for concrete ``bounds``."""
     report = CompileReport()
@@ -108,11 +109,13 @@ def compile_program(ctx: "Context", bounds: dict, outputs: Sequence["RecurrentTe
 
     graph = ctx.graph
     values = resolve_bounds(graph, ctx.bound_of, bounds)
+    check_graph(graph, ctx.bound_of)
     check_placeholders(graph)
     outputs = list(outputs)
     roots = [rt.op for rt in outputs] + [op for op in graph.ops.values() if op.kind == "udf"]
-    runtime = make_backend(backend)
     stage("check")
+    runtime = make_backend(backend)
+    stage("backend")
     schedule = build_schedule(graph, values, ctx.bound_of, roots, {rt.op.id for rt in outputs})
     stage("schedule")
     exe = Executable(ctx, graph, values, outputs, schedule, runtime, report)
@@ -170,7 +173,7 @@ def _make_stores(graph: SDG, schedule: Schedule, bounds: dict[Symbol, int],
     consumers = graph.consumers()
     stores = {}
     for op in graph.ops.values():
-        for k, t in enumerate(op.outputs):
+        for k in range(len(op.outputs)):
             readers = [e for e in consumers[op.id] if e.src_out == k]
             stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats)
     return stores

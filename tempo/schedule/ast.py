@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 import islpy as isl
 
@@ -14,7 +14,7 @@ from tempo.symbolic.isl_bridge import from_isl_ast_expr
 
 @dataclass(frozen=True)
 class Seq:
-    body: tuple["Node", ...]
+    body: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
@@ -23,14 +23,14 @@ class Loop:
     start: Expr
     cond: Expr
     step: int
-    body: "Node"
+    body: Node
 
 
 @dataclass(frozen=True)
 class If:
     cond: Expr
-    then: "Node"
-    orelse: "Node | None" = None
+    then: Node
+    orelse: Node | None = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Stmt:
     index: tuple[Expr, ...]
 
 
-Node = Union[Seq, Loop, If, Stmt]
+Node = Seq | Loop | If | Stmt
 
 
 def from_isl(node: isl.AstNode, symbols: dict[str, Expr] | None = None) -> Node:

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from tempo.errors import OutOfRangeError, UndefinedPointError, UnschedulableError
+from tempo.errors import (
+    OutOfRangeError, UndefinedPointError, UnschedulableError, UnsupportedExpressionError,
+)
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.symbolic.expr import TRUE, Expr, Slice, Symbol, logical_and, logical_not
 from tempo.symbolic.isl_bridge import to_isl
@@ -53,6 +55,14 @@ class Polyhedral:
 
         Read points outside the source's range are kept (``check_reads`` reports them).
         """
+        try:
+            return self._reads(edge, cond)
+        except UnsupportedExpressionError as err:
+            raise UnsupportedExpressionError(
+                f"{edge.sink.name} reads {edge.src.name} at [{', '.join(map(str, edge.phi))}]: "
+                f"{err.args[0]}", edge.sink.site) from None
+
+    def _reads(self, edge: Edge, cond: Expr) -> isl.UnionMap:
         sink_names = self._names(edge.sink, "a")
         src_vars = self._vars(edge.src, "b")
         constraints = self._box_text(edge.sink, "a")

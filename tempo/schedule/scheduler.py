@@ -18,7 +18,11 @@ from tempo.errors import UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.schedule import ast
 from tempo.schedule.polyhedral import (
-    Polyhedral, check_acyclic_points, check_branches, check_reads, needed_points,
+    Polyhedral,
+    check_acyclic_points,
+    check_branches,
+    check_reads,
+    needed_points,
 )
 from tempo.symbolic.expr import Symbol
 

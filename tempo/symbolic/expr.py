@@ -8,8 +8,9 @@ truth value (used by dicts and ``in``) is structural identity.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Union
 
 from tempo.errors import UnsupportedExpressionError
 
@@ -29,12 +30,12 @@ class Expr:
     """An immutable symbolic expression node: ``op`` and ``args``."""
 
     __slots__ = ("op", "args", "_hash", "__weakref__")
-    _cache: dict[tuple, "Expr"] = {}
+    _cache: dict[tuple, Expr] = {}
 
     op: str
     args: tuple
 
-    def __new__(cls, op: str, *args: Any) -> "Expr":
+    def __new__(cls, op: str, *args: Any) -> Expr:
         key = (cls, op, *((type(a), a) if not isinstance(a, Expr) else a for a in args))
         node = Expr._cache.get(key)
         if node is None:
@@ -70,10 +71,10 @@ class Expr:
         return self.op in _BOOL_OPS or (self.op == "const" and isinstance(self.args[0], bool))
 
     @property
-    def children(self) -> tuple["Expr", ...]:
+    def children(self) -> tuple[Expr, ...]:
         return tuple(a for a in self.args if isinstance(a, Expr))
 
-    def symbols(self) -> frozenset["Symbol"]:
+    def symbols(self) -> frozenset[Symbol]:
         """Every symbol occurring in the expression."""
         if isinstance(self, Symbol):
             return frozenset((self,))
@@ -94,40 +95,40 @@ class Expr:
                         "evaluate it at a point first")
 
     # ---- operators --------------------------------------------------------------------
-    def __add__(self, o: ExprLike) -> "Expr": return _binary("add", self, o)
-    def __radd__(self, o: ExprLike) -> "Expr": return _binary("add", o, self)
-    def __sub__(self, o: ExprLike) -> "Expr": return _binary("sub", self, o)
-    def __rsub__(self, o: ExprLike) -> "Expr": return _binary("sub", o, self)
-    def __mul__(self, o: ExprLike) -> "Expr": return _binary("mul", self, o)
-    def __rmul__(self, o: ExprLike) -> "Expr": return _binary("mul", o, self)
-    def __floordiv__(self, o: ExprLike) -> "Expr": return _binary("floordiv", self, o)
-    def __rfloordiv__(self, o: ExprLike) -> "Expr": return _binary("floordiv", o, self)
-    def __mod__(self, o: ExprLike) -> "Expr": return _binary("mod", self, o)
-    def __rmod__(self, o: ExprLike) -> "Expr": return _binary("mod", o, self)
-    def __neg__(self) -> "Expr": return _binary("sub", 0, self)
-    def __pos__(self) -> "Expr": return self
-    def __eq__(self, o: object) -> "Expr": return _binary("eq", self, o)  # type: ignore[override]
-    def __ne__(self, o: object) -> "Expr": return _binary("ne", self, o)  # type: ignore[override]
-    def __lt__(self, o: ExprLike) -> "Expr": return _binary("lt", self, o)
-    def __le__(self, o: ExprLike) -> "Expr": return _binary("le", self, o)
-    def __gt__(self, o: ExprLike) -> "Expr": return _binary("gt", self, o)
-    def __ge__(self, o: ExprLike) -> "Expr": return _binary("ge", self, o)
-    def __and__(self, o: ExprLike) -> "Expr": return logical_and(self, o)
-    def __rand__(self, o: ExprLike) -> "Expr": return logical_and(o, self)
-    def __or__(self, o: ExprLike) -> "Expr": return logical_or(self, o)
-    def __ror__(self, o: ExprLike) -> "Expr": return logical_or(o, self)
-    def __invert__(self) -> "Expr": return logical_not(self)
+    def __add__(self, o: ExprLike) -> Expr: return _binary("add", self, o)
+    def __radd__(self, o: ExprLike) -> Expr: return _binary("add", o, self)
+    def __sub__(self, o: ExprLike) -> Expr: return _binary("sub", self, o)
+    def __rsub__(self, o: ExprLike) -> Expr: return _binary("sub", o, self)
+    def __mul__(self, o: ExprLike) -> Expr: return _binary("mul", self, o)
+    def __rmul__(self, o: ExprLike) -> Expr: return _binary("mul", o, self)
+    def __floordiv__(self, o: ExprLike) -> Expr: return _binary("floordiv", self, o)
+    def __rfloordiv__(self, o: ExprLike) -> Expr: return _binary("floordiv", o, self)
+    def __mod__(self, o: ExprLike) -> Expr: return _binary("mod", self, o)
+    def __rmod__(self, o: ExprLike) -> Expr: return _binary("mod", o, self)
+    def __neg__(self) -> Expr: return _binary("sub", 0, self)
+    def __pos__(self) -> Expr: return self
+    def __eq__(self, o: object) -> Expr: return _binary("eq", self, o)  # type: ignore[override]
+    def __ne__(self, o: object) -> Expr: return _binary("ne", self, o)  # type: ignore[override]
+    def __lt__(self, o: ExprLike) -> Expr: return _binary("lt", self, o)
+    def __le__(self, o: ExprLike) -> Expr: return _binary("le", self, o)
+    def __gt__(self, o: ExprLike) -> Expr: return _binary("gt", self, o)
+    def __ge__(self, o: ExprLike) -> Expr: return _binary("ge", self, o)
+    def __and__(self, o: ExprLike) -> Expr: return logical_and(self, o)
+    def __rand__(self, o: ExprLike) -> Expr: return logical_and(o, self)
+    def __or__(self, o: ExprLike) -> Expr: return logical_or(self, o)
+    def __ror__(self, o: ExprLike) -> Expr: return logical_or(o, self)
+    def __invert__(self) -> Expr: return logical_not(self)
 
     # ---- evaluation -------------------------------------------------------------------
-    def evaluate(self, env: dict["Symbol", int]) -> int | bool:
+    def evaluate(self, env: dict[Symbol, int]) -> int | bool:
         """The value of the expression with each symbol taken from ``env``."""
         return _evaluate(self, env)
 
-    def substitute(self, mapping: dict["Symbol", ExprLike]) -> "Expr":
+    def substitute(self, mapping: dict[Symbol, ExprLike]) -> Expr:
         """The expression with symbols replaced (and simplified again)."""
         return _substitute(self, {k: as_expr(v) for k, v in mapping.items()})
 
-    def to_python(self, names: dict["Symbol", str] | None = None) -> str:
+    def to_python(self, names: dict[Symbol, str] | None = None) -> str:
         """Python source for the expression; symbols print as ``names[s]`` or their name."""
         return _to_python(self, names or {})
 
@@ -142,7 +143,7 @@ class Symbol(Expr):
 
     __slots__ = ()
 
-    def __new__(cls, name: str, kind: str = "dim") -> "Symbol":
+    def __new__(cls, name: str, kind: str = "dim") -> Symbol:
         return super().__new__(cls, "sym", name, kind)  # type: ignore[return-value]
 
     @property
@@ -405,14 +406,14 @@ class Slice:
     def size(self) -> Expr:
         return self.stop - self.start
 
-    def substitute(self, mapping: dict[Symbol, ExprLike]) -> "Slice":
+    def substitute(self, mapping: dict[Symbol, ExprLike]) -> Slice:
         return Slice(self.start.substitute(mapping), self.stop.substitute(mapping))
 
     def __repr__(self) -> str:
         return f"{self.start}:{self.stop}"
 
 
-IndexEntry = Union[Expr, Slice]
+IndexEntry = Expr | Slice
 
 
 def compile_function(exprs: Iterable[IndexEntry], params: Iterable[Symbol],

@@ -8,7 +8,7 @@ entry per sink dim, written over the source dims' symbols: ``[t+3]`` → ``[t-3]
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import islpy as isl
 

@@ -8,13 +8,21 @@ turned into our expressions by name lookup in the same mapping (never by parsing
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import islpy as isl
 
 from tempo.errors import UnsupportedExpressionError
 from tempo.symbolic.expr import (
-    Expr, Symbol, const, from_linear_form, linear_form, logical_and, logical_or, maximum, minimum,
+    Expr,
+    Symbol,
+    const,
+    from_linear_form,
+    linear_form,
+    logical_and,
+    logical_or,
+    maximum,
+    minimum,
 )
 
 _ISL_INFIX = {"add": "+", "sub": "-", "eq": "=", "ne": "!=", "lt": "<", "le": "<=",

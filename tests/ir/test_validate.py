@@ -1,0 +1,65 @@
+"""The SDG checker catches broken invariants and shows the offending op and edge."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.ir.graph import Edge
+from tempo.ir.types import TensorType
+from tempo.ir.validate import GraphError, check_graph, resolve_bounds
+
+
+def _program():
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(np.arange(6, dtype=np.float32))[t]
+        y = tp.placeholder(shape=(), domain=(t,))
+        y[0] = x[0]
+        y[t + 1] = y * 0.5 + x[t + 1]
+    return ctx, x, y
+
+
+def test_frontend_graph_passes_the_checker():
+    ctx, _, _ = _program()
+    check_graph(ctx.graph, ctx.bound_of)
+
+
+def test_dependence_with_wrong_arity_is_reported():
+    ctx, _, y = _program()
+    edges = ctx.graph.in_edges(y.op)
+    edges[0] = dataclasses.replace(edges[0], phi=(*edges[0].phi, edges[0].phi[0]) if edges[0].phi
+                                   else (ctx.dims[0],))
+    with pytest.raises(GraphError, match="entries for a source domain"):
+        check_graph(ctx.graph, ctx.bound_of)
+
+
+def test_symbol_outside_sink_domain_is_reported():
+    ctx = tp.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    with ctx:
+        x = tp.symbol_value(t) + 1
+    op = x.op
+    edge = ctx.graph.in_edges(op)[0]
+    ctx.graph.in_edges(op)[0] = Edge(op, 0, edge.src, edge.src_out, (i,))
+    with pytest.raises(GraphError, match="not in the sink's domain"):
+        check_graph(ctx.graph, ctx.bound_of)
+
+
+def test_type_drift_is_reported():
+    ctx, x, _ = _program()
+    x.op.outputs = (TensorType((3,), "float32"),)
+    with pytest.raises(GraphError):
+        check_graph(ctx.graph, ctx.bound_of)
+
+
+def test_bounds_are_resolved_by_symbol_or_name_and_validated():
+    ctx, _, _ = _program()
+    (T,) = ctx.bounds
+    assert resolve_bounds(ctx.graph, ctx.bound_of, {"T": 4}) == {T: 4}
+    with pytest.raises(tp.BoundsError, match="at least 1"):
+        resolve_bounds(ctx.graph, ctx.bound_of, {T: 0})
+    with pytest.raises(tp.BoundsError, match="not a bound"):
+        resolve_bounds(ctx.graph, ctx.bound_of, {"Q": 3, T: 2})
