@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from tempo.errors import (
-    OutOfRangeError, UndefinedPointError, UnschedulableError, UnsupportedExpressionError,
+    OutOfRangeError,
+    UndefinedPointError,
+    UnschedulableError,
+    UnsupportedExpressionError,
 )
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.symbolic.expr import TRUE, Expr, Slice, Symbol, logical_and, logical_not

@@ -13,7 +13,7 @@ from tempo.ir.validate import GraphError, check_graph, resolve_bounds
 
 def _program():
     ctx = tp.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
+    (t,) = ctx.dims
     with ctx:
         x = tp.const(np.arange(6, dtype=np.float32))[t]
         y = tp.placeholder(shape=(), domain=(t,))
