@@ -9,7 +9,7 @@ import numpy as np
 
 from tempo.errors import TempoError
 from tempo.ir.graph import Op
-from tempo.ir.ops import has_symbolic_params
+from tempo.ir.ops import has_symbolic_params, op_def
 
 DeviceKernel = Callable[..., Any]  # (params, *inputs) -> array or tuple
 
@@ -52,21 +52,24 @@ class JaxBackend:
         NumPy and move back to the device: XLA would compile once per shape, and eager
         JAX does the same per primitive, until tiling makes those shapes static."""
         fn = op.definition.kernel
-        jnp, jit = self.jnp, self.jax.jit
+        jnp = self.jnp
         if not static_shapes:
             return lambda params, *xs: jnp.asarray(fn(np, params, *(np.asarray(x) for x in xs)))
         if not has_symbolic_params(op.params):
-            compiled = jit(lambda *xs: fn(jnp, op.params, *xs))
+            compiled = self._jitted(op.kind, op.params)
             return lambda params, *xs: compiled(*xs)
-        cache: dict[Any, Callable] = {}
+        return lambda params, *xs: self._jitted(op.kind, params)(*xs)
 
-        def run(params: dict, *xs: Any) -> Any:
-            key = tuple(sorted(params.items()))
-            kernel = cache.get(key)
-            if kernel is None:
-                kernel = cache[key] = jit(lambda *ys: fn(jnp, params, *ys))
-            return kernel(*xs)
-        return run
+    def _jitted(self, kind: str, params: dict) -> Callable:
+        """One jitted function per (op kind, params), shared by every program."""
+        key = _freeze(kind, params)
+        kernel = _JIT_CACHE.get(key) if key is not None else None
+        if kernel is None:
+            fn, jnp = op_def(kind).kernel, self.jnp
+            kernel = self.jax.jit(lambda *xs: fn(jnp, params, *xs))
+            if key is not None:
+                _JIT_CACHE[key] = kernel
+        return kernel
 
     def from_host(self, value: np.ndarray) -> Any:
         return self.jnp.asarray(value)
@@ -79,6 +82,23 @@ class JaxBackend:
 
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return self.jnp.zeros(shape, dtype)
+
+
+_JIT_CACHE: dict[tuple, Callable] = {}
+
+
+def _freeze(kind: str, params: dict) -> tuple | None:
+    """A hashable key for params, or None when they hold arrays or functions."""
+    items = []
+    for name, value in sorted(params.items()):
+        if isinstance(value, (np.ndarray, list, dict)) or callable(value):
+            return None
+        items.append((name, type(value).__name__, value))
+    try:
+        hash(tuple(items))
+    except TypeError:
+        return None
+    return (kind, tuple(items))
 
 
 BACKENDS: dict[str, Callable[[], Any]] = {"numpy": NumpyBackend, "jax": JaxBackend}
