@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,8 +13,6 @@ from tempo.api.tensor import symbol_value as _symbol_value
 from tempo.errors import ShapeError, UDFError, user_site
 from tempo.ir.types import TensorType, dtype_name
 from tempo.symbolic.expr import ExprLike, Symbol, as_expr, maximum, minimum
-
-_rng_keys = itertools.count()
 
 
 def const(value: Any, dtype: Any = None) -> RecurrentTensor:
@@ -108,7 +105,7 @@ def _random(dist: str, shape: Sequence[int], dtype: str, domain: Sequence[Symbol
         if not as_expr(d).is_const:
             raise ShapeError("random tensors need a static shape", user_site())
     params = {"dist": dist, "shape": tuple(int(as_expr(d).value) for d in shape),
-              "dtype": dtype, "seed": ctx.seed, "key": next(_rng_keys), "domain": dims, **params}
+              "dtype": dtype, "seed": ctx.seed, "key": len(ctx.graph.ops), "domain": dims, **params}
     return RecurrentTensor(ctx, ctx.add_op("rng", [], params, domain=dims, label=dist))
 
 
@@ -170,7 +167,12 @@ def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, s
         args = ({s.name: v for s, v in point.items() if s.kind == "dim"}, *inputs) \
             if pass_point else inputs
         result = fn(*args)
-        values = (result,) if len(out_types) == 1 else (() if result is None else tuple(result))
+        if len(out_types) == 1:
+            values: tuple = (result,)
+        elif result is None or isinstance(result, (tuple, list)):
+            values = () if result is None else tuple(result)
+        else:
+            values = (result,)
         if len(values) != len(out_types):
             raise UDFError(f"UDF {label} returned {len(values)} values, declared {len(out_types)}",
                            site)

@@ -203,9 +203,24 @@ class RecurrentTensor:
             else:
                 if dim >= out.ndim:
                     raise ShapeError(f"too many indices for a tensor of shape {out.shape}", user_site())
-                index = entry if isinstance(entry, RecurrentTensor) else index_value(out.ctx, entry)
-                out = out._apply("take", index, dim=dim)
-                dim += index.ndim
+                out, dim = out._take(dim, entry), dim + _index_ndim(entry)
+        return out
+
+    def _take(self, dim: int, entry: Any) -> RecurrentTensor:
+        """Index spatial ``dim`` by an int, a symbolic expression or an int RT."""
+        if isinstance(entry, RecurrentTensor):
+            return self._apply("take", entry, dim=dim)
+        size = self.shape[dim]
+        if isinstance(entry, (int, np.integer)):
+            if size.is_const and not -size.value <= entry < size.value:
+                raise ShapeError(f"index {entry} is out of range for dim {dim} of size {size.value}",
+                                 user_site())
+            entry = int(entry) % size.value if size.is_const else int(entry)
+        out = self._apply("take", index_value(self.ctx, entry), dim=dim)
+        expr = as_expr(entry)
+        if not expr.is_const:
+            out.op.requires += (((expr >= 0) & (expr < size),
+                                 f"spatial index {expr} of dim {dim} (size {size})"),)
         return out
 
     def _spatial_slice(self, dim: int, entry: slice) -> RecurrentTensor:
@@ -269,6 +284,10 @@ class RecurrentTensor:
             shifts[dim] = source
             cond = logical_and(cond, logical_and(source >= 0, source < bound))
         return cond, shifts
+
+
+def _index_ndim(entry: Any) -> int:
+    return entry.ndim if isinstance(entry, RecurrentTensor) else 0
 
 
 def _names(dims: Sequence[Symbol]) -> str:

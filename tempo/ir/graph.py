@@ -23,6 +23,9 @@ class Op:
     outputs: tuple[TensorType, ...]
     site: SourceSite
     label: str = ""
+    requires: tuple[tuple[Expr, str], ...] = ()
+    """Conditions over the domain that must hold at every executed point, with what they
+    protect (e.g. a symbolic spatial index within its dim's size)."""
 
     @property
     def definition(self) -> OpDef:

@@ -41,9 +41,20 @@ def resolve_bounds(graph: SDG, bound_of: dict[Symbol, Symbol],
     needed = {bound_of.get(s, s) for s in used_symbols(graph)}
     missing = sorted(b.name for b in needed if b not in values and b in by_name.values())
     if missing:
-        raise BoundsError(f"no value given for bound {', '.join(missing)}: pass "
-                          f"bounds={{{', '.join(f'{m}: ...' for m in missing)}}} to compile")
+        user = _first_user(graph, bound_of, by_name[missing[0]])
+        raise BoundsError(f"no value given for bound {', '.join(missing)}"
+                          f"{f' (used by {user.name})' if user else ''}: pass "
+                          f"bounds={{{', '.join(f'{m}: ...' for m in missing)}}} to compile",
+                          user.site if user else None)
     return values
+
+
+def _first_user(graph: SDG, bound_of: dict[Symbol, Symbol], bound: Symbol) -> Op | None:
+    dims = {d for d, b in bound_of.items() if b is bound}
+    for op in graph.ops.values():
+        if dims & set(op.domain) or any(bound in d.symbols() for t in op.outputs for d in t.shape):
+            return op
+    return None
 
 
 def check_placeholders(graph: SDG, ops: Iterable | None = None) -> None:

@@ -70,7 +70,7 @@ class Executable:
         self.outputs, self.schedule, self.backend = outputs, schedule, backend
         self.report = report
         self.stats = MemoryStats()
-        self.source = _program_source(schedule)
+        self.source = _program_source(ast.substitute(schedule.root, bounds), schedule)
         self._program = _compile_source(self.source)
 
     def run(self) -> Results:
@@ -108,6 +108,9 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
         clock = now
 
     graph = ctx.graph
+    for rt in outputs:
+        if rt.ctx is not ctx:
+            raise TempoError(f"output {rt!r} belongs to another context", rt.op.site)
     values = resolve_bounds(graph, ctx.bound_of, bounds)
     check_graph(graph, ctx.bound_of)
     check_placeholders(graph)
@@ -124,10 +127,10 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
 
 
 # ---- code generation ----------------------------------------------------------------------
-def _program_source(schedule: Schedule) -> str:
+def _program_source(root: ast.Node, schedule: Schedule) -> str:
     def call(stmt: ast.Stmt) -> str:
         return f"{stmt.name}(({''.join(e.to_python() + ', ' for e in stmt.index)}))"
-    body = ast.to_python(schedule.root, call, indent=2)
+    body = ast.to_python(root, call, indent=2)
     names = sorted(schedule.statements)
     return "\n".join([
         "def program(ns):",

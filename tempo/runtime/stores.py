@@ -48,6 +48,10 @@ class PointStore:
             self.stats.live -= 1
 
 
+def _empty(index: tuple) -> bool:
+    return any(isinstance(i, slice) and i.stop <= i.start for i in index)
+
+
 class BlockStore:
     """A preallocated buffer along the innermost dim for each prefix point.
 
@@ -77,6 +81,9 @@ class BlockStore:
 
     def read(self, index: tuple) -> Any:
         prefix, last = index[:-1], index[-1]
+        if isinstance(last, slice) and last.stop <= last.start or _empty(prefix):
+            sizes = tuple(max(0, i.stop - i.start) for i in index if isinstance(i, slice))
+            return np.zeros((*sizes, *self.shape), self.dtype)
         if any(isinstance(i, slice) for i in prefix):
             axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in prefix]
             sizes = tuple(len(a) for a in axes if isinstance(a, range))

@@ -106,3 +106,16 @@ def to_python(node: Node, call: Callable[[Stmt], str], indent: int = 1) -> list[
     return [f"{pad}{var} = {node.start.to_python()}",
             f"{pad}while {node.cond.to_python()}:", *body,
             f"{pad}    {var} += {node.step}"]
+
+
+def substitute(node: Node, values: dict[Symbol, int]) -> Node:
+    """``node`` with symbols (e.g. bounds) replaced by values, simplified."""
+    if isinstance(node, Stmt):
+        return Stmt(node.name, tuple(e.substitute(values) for e in node.index))
+    if isinstance(node, Seq):
+        return Seq(tuple(substitute(c, values) for c in node.body))
+    if isinstance(node, If):
+        orelse = substitute(node.orelse, values) if node.orelse is not None else None
+        return If(node.cond.substitute(values), substitute(node.then, values), orelse)
+    return Loop(node.var, node.start.substitute(values), node.cond.substitute(values), node.step,
+                substitute(node.body, values))

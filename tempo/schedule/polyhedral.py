@@ -22,14 +22,61 @@ from tempo.symbolic.expr import TRUE, Expr, Slice, Symbol, logical_and, logical_
 from tempo.symbolic.isl_bridge import to_isl
 
 
+def _scheduler_context() -> isl.Context:
+    """An isl context of our own, so that scheduler options never touch islpy's default."""
+    return isl.Context()
+
+
+ISL = _scheduler_context()
+
+
+def union_set(text: str) -> isl.UnionSet:
+    return isl.UnionSet(text, context=ISL)
+
+
+def union_map(text: str) -> isl.UnionMap:
+    return isl.UnionMap(text, context=ISL)
+
+
 @dataclass
 class Polyhedral:
-    """Isl views of an SDG for concrete bounds."""
+    """Isl views of an SDG: with the concrete ``bounds`` folded in, or, when
+    ``parametric``, with every bound an isl parameter ``p_<name>`` (a schedule found this
+    way does not depend on the bounds' magnitude, and holds for any bounds)."""
 
     graph: SDG
     bounds: dict[Symbol, int]
     bound_of: dict[Symbol, Symbol]
+    parametric: bool = False
     statements: dict[str, Op] = field(default_factory=dict)
+
+    @property
+    def params(self) -> dict[Symbol, str]:
+        """isl parameter name of each bound (empty when concrete)."""
+        if not self.parametric:
+            return {}
+        return {b: f"p_{b.name}" for b in sorted(set(self.bound_of.values()), key=lambda b: b.name)}
+
+    def _text(self, body: str) -> str:
+        params = self.params
+        return f"[{', '.join(params.values())}] -> {body}" if params else body
+
+    def context(self) -> isl.Set:
+        """Constraints on the parameters: every bound is at least 1."""
+        cond = " and ".join(f"{p} >= 1" for p in self.params.values()) or "true"
+        return isl.Set(self._text(f"{{ : {cond} }}"), context=ISL)
+
+    def fix_params(self, s: isl.UnionSet) -> isl.UnionSet:
+        """``s`` with every parameter set to its concrete bound (and then dropped)."""
+        if not self.parametric:
+            return s
+        values = " and ".join(f"{p} = {self.bounds[b]}" for b, p in self.params.items()
+                              if b in self.bounds)
+        fixed = s.intersect_params(isl.Set(self._text(f"{{ : {values or 'true'} }}"), context=ISL))
+        return fixed.project_out_all_params()
+
+    def _bound(self, b: Symbol) -> str:
+        return self.params[b] if self.parametric else str(self.bounds[b])
 
     def name(self, op: Op) -> str:
         name = f"S{op.id}"
@@ -40,18 +87,25 @@ class Polyhedral:
         return {d: f"{prefix}{k}" for k, d in enumerate(op.domain)}
 
     def _names(self, op: Op, prefix: str) -> dict[Symbol, str]:
-        consts = {b: str(v) for b, v in self.bounds.items()}
-        return {**consts, **self._vars(op, prefix)}
+        bounds = {b: self._bound(b) for b in set(self.bound_of.values())
+                  if self.parametric or b in self.bounds}
+        return {**bounds, **self._vars(op, prefix)}
 
     def _box_text(self, op: Op, prefix: str) -> list[str]:
-        return [f"0 <= {v} < {self.bounds[self.bound_of[d]]}"
+        return [f"0 <= {v} < {self._bound(self.bound_of[d])}"
                 for d, v in self._vars(op, prefix).items()]
+
+    def union_set(self, body: str) -> isl.UnionSet:
+        return union_set(self._text(body))
+
+    def union_map(self, body: str) -> isl.UnionMap:
+        return union_map(self._text(body))
 
     def box(self, op: Op) -> isl.UnionSet:
         """Every point of ``op``'s domain."""
         vars_ = ", ".join(self._vars(op, "a").values())
-        return isl.UnionSet(f"{{ {self.name(op)}[{vars_}] : "
-                            f"{' and '.join(self._box_text(op, 'a')) or 'true'} }}")
+        return self.union_set(f"{{ {self.name(op)}[{vars_}] : "
+                              f"{' and '.join(self._box_text(op, 'a')) or 'true'} }}")
 
     def reads(self, edge: Edge, cond: Expr = TRUE) -> isl.UnionMap:
         """``{ sink[p] -> src[q] }``: the source points the sink reads at each of its points.
@@ -80,14 +134,14 @@ class Polyhedral:
             else:
                 constraints.append(f"{b} = {to_isl(entry, sink_names)}")
         sink_vars = ", ".join(self._vars(edge.sink, "a").values())
-        return isl.UnionMap(f"{{ {self.name(edge.sink)}[{sink_vars}] -> "
+        return self.union_map(f"{{ {self.name(edge.sink)}[{sink_vars}] -> "
                             f"{self.name(edge.src)}[{', '.join(src_vars.values())}] : "
                             f"{' and '.join(constraints) or 'true'} }}")
 
     def condition_set(self, op: Op, cond: Expr) -> isl.UnionSet:
         vars_ = ", ".join(self._vars(op, "a").values())
-        return isl.UnionSet(f"{{ {self.name(op)}[{vars_}] : "
-                            f"{to_isl(cond, self._names(op, 'a'))} }}")
+        return self.union_set(f"{{ {self.name(op)}[{vars_}] : "
+                              f"{to_isl(cond, self._names(op, 'a'))} }}")
 
     def all_reads(self) -> dict[Edge, isl.UnionMap]:
         """Read relations of every edge; a merge branch is taken only where no earlier one is."""
@@ -103,10 +157,14 @@ class Polyhedral:
 
 def needed_points(poly: Polyhedral, roots: list[Op], reads: dict[Edge, isl.UnionMap],
                   max_rounds: int = 64) -> isl.UnionSet:
-    """Points of every op that the roots depend on, transitively (roots included)."""
+    """Points of every op that the roots depend on, transitively (roots included).
+
+    Iterates the read relations to a fixpoint, and takes isl's transitive closure when
+    that is long (a chain ``y[T-1] <- y[T-2] <- ...``) or parametric.
+    """
     needed = _union_sets(poly.box(op) for op in roots)
     relation = _union_maps(reads.values())
-    for _ in range(max_rounds):
+    for _ in range(0 if poly.parametric else max_rounds):
         grown = needed.union(needed.apply(relation)).coalesce()
         if grown.is_equal(needed):
             return needed
@@ -145,6 +203,16 @@ def check_branches(poly: Polyhedral, needed: isl.UnionSet) -> None:
                 f"it there; add a branch (e.g. a base case)", op.site)
 
 
+def check_requirements(poly: Polyhedral, needed: isl.UnionSet) -> None:
+    """Every op's ``requires`` conditions hold at each of its needed points."""
+    for op in poly.graph.ops.values():
+        for cond, what in op.requires:
+            bad = needed.intersect(poly.box(op)).subtract(poly.condition_set(op, cond))
+            if not bad.is_empty():
+                raise OutOfRangeError(f"{op.name} at {_fmt(op, _sample(bad))}: {what} is out of "
+                                      f"range", op.site)
+
+
 def check_acyclic_points(poly: Polyhedral, needed: isl.UnionSet,
                          reads: dict[Edge, isl.UnionMap]) -> None:
     """No point depends on itself (a cycle with zero temporal distance)."""
@@ -153,7 +221,7 @@ def check_acyclic_points(poly: Polyhedral, needed: isl.UnionSet,
     for op in poly.graph.ops.values():
         vars_ = ", ".join(poly._vars(op, "a").values())
         name = poly.name(op)
-        identity = isl.UnionMap(f"{{ {name}[{vars_}] -> {name}[{vars_}] }}")
+        identity = poly.union_map(f"{{ {name}[{vars_}] -> {name}[{vars_}] }}")
         loops = closure.intersect(identity)
         if not loops.is_empty():
             raise UnschedulableError(
@@ -163,14 +231,14 @@ def check_acyclic_points(poly: Polyhedral, needed: isl.UnionSet,
 
 
 def _union_sets(sets) -> isl.UnionSet:
-    out = isl.UnionSet("{ }")
+    out = union_set("{ }")
     for s in sets:
         out = out.union(s)
     return out
 
 
 def _union_maps(maps) -> isl.UnionMap:
-    out = isl.UnionMap("{ }")
+    out = union_map("{ }")
     for m in maps:
         out = out.union(m)
     return out

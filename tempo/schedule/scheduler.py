@@ -22,6 +22,7 @@ from tempo.schedule.polyhedral import (
     check_acyclic_points,
     check_branches,
     check_reads,
+    check_requirements,
     needed_points,
 )
 from tempo.symbolic.expr import Symbol
@@ -62,27 +63,51 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     ``roots`` are the ops whose every point must run (outputs, UDFs); ``kept`` the ids of
     ops whose points are never freed (outputs, read at the end).
     """
-    poly = Polyhedral(graph, bounds, bound_of)
-    reads = poly.all_reads()
-    needed = needed_points(poly, roots, reads)
-    check_branches(poly, needed)
-    check_reads(poly, needed, reads)
-    live_reads = {e: r.intersect_domain(needed) for e, r in reads.items()}
-    domain, validity = _constraints(poly, needed, live_reads, kept)
-    try:
-        sc = isl.ScheduleConstraints.on_domain(domain).set_validity(validity) \
-            .set_proximity(validity)
-        schedule = sc.compute_schedule()
-    except isl.Error:
-        schedule = None
-    if schedule is None:
-        check_acyclic_points(poly, needed, reads)
-        raise UnschedulableError("isl found no schedule satisfying the program's dependences")
+    concrete = Polyhedral(graph, bounds, bound_of)
+    reads = concrete.all_reads()
+    needed = needed_points(concrete, roots, reads)
+    check_branches(concrete, needed)
+    check_reads(concrete, needed, reads)
+    check_requirements(concrete, needed)
+    poly, poly_needed, poly_reads = _parametric_if_exact(graph, bounds, bound_of, roots, needed)
+    if poly is None:
+        poly, poly_needed, poly_reads = concrete, needed, reads
+    live_reads = {e: r.intersect_domain(poly_needed) for e, r in poly_reads.items()}
+    domain, validity = _constraints(poly, poly_needed, live_reads, kept)
     statements = {name: Statement("exec", op) for name, op in poly.statements.items()}
     statements.update({_free_name(op): Statement("free", op) for op in poly.statements.values()})
-    build = isl.AstBuild.from_context(isl.Set("{ : }"))
-    root = ast.from_isl(build.node_from_schedule(schedule))
+    schedule = _schedule(poly, domain, validity, statements)
+    if schedule is None:
+        check_acyclic_points(concrete, needed, reads)
+        raise UnschedulableError("isl found no schedule satisfying the program's dependences")
+    return schedule
+
+
+def _schedule(poly: Polyhedral, domain: isl.UnionSet, validity: isl.UnionMap,
+              statements: dict[str, Statement]) -> Schedule | None:
+    try:
+        sc = isl.ScheduleConstraints.on_domain(domain).set_context(poly.context()) \
+            .set_validity(validity).set_proximity(validity)
+        schedule = sc.compute_schedule()
+    except isl.Error:
+        return None
+    if schedule is None:
+        return None
+    build = isl.AstBuild.from_context(poly.context())
+    symbols = {name: b for b, name in poly.params.items()}
+    root = ast.from_isl(build.node_from_schedule(schedule), symbols)
     return Schedule(root, statements, schedule)
+
+
+def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
+                         roots: list[Op], needed: isl.UnionSet):
+    """The parametric view, when its needed points agree with the concrete ones."""
+    poly = Polyhedral(graph, bounds, bound_of, parametric=True)
+    reads = poly.all_reads()
+    poly_needed = needed_points(poly, roots, reads)
+    if not poly.fix_params(poly_needed).is_equal(needed):
+        return None, None, None
+    return poly, poly_needed, reads
 
 
 def _free_name(op: Op) -> str:
@@ -92,13 +117,13 @@ def _free_name(op: Op) -> str:
 def _constraints(poly: Polyhedral, needed: isl.UnionSet, reads: dict[Edge, isl.UnionMap],
                  kept: set[int]) -> tuple[isl.UnionSet, isl.UnionMap]:
     domain = needed
-    validity = isl.UnionMap("{ }")
+    validity = poly.union_map("{ }")
     for rel in reads.values():
         validity = validity.union(rel.reverse())
     for op in poly.graph.ops.values():
         points = needed.intersect(poly.box(op))
-        if op.id in kept or points.is_empty():
-            continue
+        if op.id in kept or not op.domain or points.is_empty():
+            continue  # a zero-dim op holds one point: it lives until the end of the run
         free = _rename(points, _free_name(op))
         domain = domain.union(free)
         validity = validity.union(isl.UnionMap.from_domain_and_range(points, free)
@@ -123,4 +148,4 @@ def _to_free(rel: isl.UnionMap, op: Op) -> isl.UnionMap:
 
 def _same_point(poly: Polyhedral, op: Op) -> isl.UnionMap:
     vars_ = ", ".join(f"a{k}" for k in range(len(op.domain)))
-    return isl.UnionMap(f"{{ {poly.name(op)}[{vars_}] -> {_free_name(op)}[{vars_}] }}")
+    return poly.union_map(f"{{ {poly.name(op)}[{vars_}] -> {_free_name(op)}[{vars_}] }}")

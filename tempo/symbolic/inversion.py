@@ -51,6 +51,8 @@ def invert_dependence(
     context = isl.Set(f"{header}{{ : {' and '.join(_source_ranges(source_dims, bounds, params))} "
                       f"and {' and '.join(f'{names[b]} > 0' for b in all_bounds)} }}")
     readers = readers.intersect_params(context).coalesce()
+    if readers.is_empty():  # no sink point reads any source point
+        return tuple(Slice(0, 0) for _ in sink_dims)
     _require_box(readers)
     symbols = {name: sym for sym, name in params.items()}
     return tuple(_dim_inverse(readers, k, context, symbols) for k in range(len(sink_dims)))
@@ -69,6 +71,9 @@ def _require_box(readers: isl.Set) -> None:
     if not box.intersect_params(readers.params()).is_equal(readers):
         raise UnsupportedExpressionError(
             f"the sink points reading a source point do not form a box: {readers}")
+    if not isl.Set.from_basic_set(readers.polyhedral_hull()).is_equal(readers):
+        raise UnsupportedExpressionError(
+            f"the sink points reading a source point are strided, not a range: {readers}")
 
 
 def _project_keep(s: isl.Set, k: int) -> isl.Set:

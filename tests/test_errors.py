@@ -1,0 +1,415 @@
+"""Bad programs are rejected with Tempo's own exception types, and the message names the problem
+and, where the API promises it, the user's source line (``defined at <file>:<line>: <code>``).
+
+The line of an offending statement is taken with ``sys._getframe().f_lineno`` on the line just
+before it, so the tests do not depend on where in this file they sit.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.reference import evaluate
+
+BACKENDS = ("numpy", "jax")
+THIS_FILE = os.path.basename(__file__)
+
+
+def next_line() -> int:
+    """The line number after the caller's line."""
+    return sys._getframe(1).f_lineno + 1
+
+
+def assert_site(err: BaseException, line: int | None = None, code: str | None = None) -> None:
+    """The message points at this test file (and at ``line``, showing ``code``)."""
+    msg = str(err)
+    assert "defined at" in msg, msg
+    assert THIS_FILE in msg, msg
+    if line is not None:
+        assert f"{THIS_FILE}:{line}" in msg, msg
+    if code is not None:
+        assert code in msg, msg
+
+
+def ctx_t():
+    ctx = tp.Context(dims=("t",))
+    return ctx, ctx.dims[0], ctx.bounds[0]
+
+
+# ---- unschedulable cycles ---------------------------------------------------------------------
+def test_zero_distance_cycle_is_unschedulable():
+    ctx, t, T = ctx_t()
+    with ctx:
+        a = tp.placeholder(shape=(), dtype="float32", domain=(t,))
+        b = tp.placeholder(shape=(), dtype="float32", domain=(t,))
+        a[True] = b + 1.0
+        b[True] = a + 1.0
+    with pytest.raises(tp.UnschedulableError) as info:
+        ctx.compile(bounds={T: 5}, outputs=[a], backend="numpy")
+    msg = str(info.value)
+    assert "cycle" in msg
+    assert "a#" in msg or "b#" in msg       # names one of the RTs in the cycle
+    assert_site(info.value)
+    with pytest.raises(tp.UnschedulableError):
+        evaluate(ctx, {T: 5}, [a])
+
+
+def test_self_cycle_is_unschedulable():
+    ctx, t, T = ctx_t()
+    with ctx:
+        line = next_line()
+        x = tp.placeholder(domain=(t,))
+        x[True] = x + 1.0
+    with pytest.raises(tp.UnschedulableError) as info:
+        ctx.compile(bounds={T: 4}, outputs=[x], backend="jax")
+    assert "x#" in str(info.value)
+    assert_site(info.value, line, "x = tp.placeholder(domain=(t,))")
+
+
+# ---- out-of-range reads -----------------------------------------------------------------------
+def test_recurrence_without_base_case_reads_out_of_range():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.ones(5, np.float32))[t]
+        y = tp.placeholder(domain=(t,))
+        line = next_line()
+        y[True] = y[t - 1] + x
+    with pytest.raises(tp.OutOfRangeError) as info:
+        ctx.compile(bounds={T: 5}, outputs=[y], backend="numpy")
+    msg = str(info.value)
+    assert "y#" in msg and "t=-1" in msg
+    assert_site(info.value, line, "y[True] = y[t - 1] + x")
+    with pytest.raises(tp.OutOfRangeError):
+        evaluate(ctx, {T: 5}, [y])
+
+
+def test_read_of_the_future_past_the_end_is_out_of_range():
+    ctx, t, T = ctx_t()
+    with ctx:
+        y = tp.placeholder(domain=(t,))
+        line = next_line()
+        y[True] = y[t + 1]
+    with pytest.raises(tp.OutOfRangeError) as info:
+        ctx.compile(bounds={T: 5}, outputs=[y], backend="numpy")
+    msg = str(info.value)
+    assert "y#" in msg and "t=5" in msg
+    assert_site(info.value, line, "y[True] = y[t + 1]")
+    with pytest.raises(tp.OutOfRangeError):
+        evaluate(ctx, {T: 5}, [y])
+
+
+def test_slice_past_the_end_is_out_of_range():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.ones(6, np.float32))[t]
+        line = next_line()
+        y = x[t:t + 3].sum()
+    with pytest.raises(tp.OutOfRangeError) as info:
+        ctx.compile(bounds={T: 6}, outputs=[y], backend="numpy")
+    assert_site(info.value, line, "y = x[t:t + 3].sum()")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_spatial_index_by_symbol_past_the_array_is_rejected(backend):
+    """x = const(arange(5))[t] with T = 8 reads entries 5..7 that do not exist: that is a bad
+    program (a Tempo error), not a raw IndexError nor silently made-up values."""
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.arange(5, dtype=np.float32))[t]
+        y = x * 2.0
+    with pytest.raises(tp.TempoError):
+        ctx.compile(bounds={T: 8}, outputs=[y], backend=backend).run()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_spatial_index_past_the_array_is_rejected(backend):
+    ctx, t, T = ctx_t()
+    with pytest.raises(tp.TempoError):
+        with ctx:
+            x = tp.const(np.arange(5, dtype=np.float32))[7]
+            y = x + tp.symbol_value(t).astype("float32")
+        ctx.compile(bounds={T: 3}, outputs=[y], backend=backend).run()
+
+
+# ---- undefined points -------------------------------------------------------------------------
+def test_point_no_branch_defines_is_undefined():
+    ctx, t, T = ctx_t()
+    with ctx:
+        line = next_line()
+        y = tp.placeholder(domain=(t,))
+        y[t % 2 == 0] = 1.0
+    with pytest.raises(tp.UndefinedPointError) as info:
+        ctx.compile(bounds={T: 5}, outputs=[y], backend="numpy")
+    msg = str(info.value)
+    assert "y#" in msg and "t=1" in msg
+    assert_site(info.value, line, "y = tp.placeholder(domain=(t,))")
+    with pytest.raises(tp.UndefinedPointError):
+        evaluate(ctx, {T: 5}, [y])
+
+
+def test_undefined_points_that_nothing_reads_are_fine():
+    ctx, t, T = ctx_t()
+    with ctx:
+        y = tp.placeholder(domain=(t,))
+        y[t % 2 == 0] = 1.5
+        z = y[0] * 2.0 + y[2]
+    res = ctx.compile(bounds={T: 5}, outputs=[z], backend="numpy").run()
+    assert float(res[z]) == 4.5
+
+
+def test_placeholder_without_any_branch():
+    ctx, t, T = ctx_t()
+    with ctx:
+        line = next_line()
+        y = tp.placeholder(domain=(t,))
+        z = y + 1.0
+    with pytest.raises(tp.UndefinedPointError) as info:
+        ctx.compile(bounds={T: 3}, outputs=[z], backend="numpy")
+    assert "y#" in str(info.value)
+    assert_site(info.value, line)
+
+
+# ---- shapes -------------------------------------------------------------------------------
+def test_shape_mismatch_is_reported_at_definition():
+    ctx, t, T = ctx_t()
+    with ctx:
+        a = tp.const(np.ones(3))
+        b = tp.const(np.ones(4))
+        with pytest.raises(tp.ShapeError) as info:
+            line = next_line()
+            a + b  # noqa: B018 - the offending line
+        assert "(3,)" in str(info.value) and "(4,)" in str(info.value)
+        assert_site(info.value, line, "a + b")
+
+        with pytest.raises(tp.ShapeError) as info:
+            line = next_line()
+            tp.const(np.ones(3)) + tp.const(np.ones(4))
+        assert_site(info.value, line, "tp.const(np.ones(3)) + tp.const(np.ones(4))")
+
+
+def test_matmul_inner_dims_must_match():
+    ctx, t, T = ctx_t()
+    with ctx:
+        a = tp.const(np.ones((2, 3), np.float32))
+        b = tp.const(np.ones((4, 2), np.float32))
+        with pytest.raises(tp.ShapeError) as info:
+            line = next_line()
+            a @ b  # noqa: B018
+        msg = str(info.value)
+        assert "matmul" in msg and "3" in msg and "4" in msg
+        assert_site(info.value, line, "a @ b")
+
+
+def test_assigning_a_value_of_the_wrong_shape():
+    ctx, t, T = ctx_t()
+    with ctx:
+        y = tp.placeholder(shape=(3,), domain=(t,))
+        with pytest.raises(tp.ShapeError) as info:
+            line = next_line()
+            y[True] = tp.const(np.ones(4, np.float32))
+        assert "(4,)" in str(info.value) and "(3,)" in str(info.value)
+        assert_site(info.value, line)
+
+
+def test_other_definition_time_shape_errors():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.arange(5, dtype=np.float32))[t]
+        with pytest.raises(tp.ShapeError) as info:
+            line = next_line()
+            x[t, 0]  # noqa: B018 - indexing a scalar
+        assert_site(info.value, line)
+        with pytest.raises(tp.ShapeError) as info:
+            line = next_line()
+            tp.const(np.ones(6)).reshape(4, 2)
+        assert_site(info.value, line)
+        with pytest.raises(tp.ShapeError):
+            tp.cat([tp.const(np.ones((2, 3))), tp.const(np.ones((2, 4)))], dim=0)
+        with pytest.raises(tp.ShapeError):
+            tp.where(tp.const(np.ones(3, bool)), tp.const(np.ones(4)), 0.0)
+
+
+# ---- bounds -------------------------------------------------------------------------------
+def _program_using_T():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.ones(5, np.float32))[t]
+        y = x[t:T].sum()
+    return ctx, T, y
+
+
+def test_missing_bound_is_named():
+    ctx, T, y = _program_using_T()
+    with pytest.raises(tp.BoundsError) as info:
+        ctx.compile(bounds={}, outputs=[y], backend="numpy")
+    assert "T" in str(info.value)
+    with pytest.raises(tp.BoundsError):
+        evaluate(ctx, {}, [y])
+
+
+def test_missing_bound_error_points_at_the_user_code():
+    """DESIGN §7: a bound missing at compile time is reported with the user's source line."""
+    ctx, T, y = _program_using_T()
+    with pytest.raises(tp.BoundsError) as info:
+        ctx.compile(bounds={}, outputs=[y], backend="numpy")
+    assert_site(info.value)
+
+
+def test_invalid_bounds():
+    ctx, T, y = _program_using_T()
+    with pytest.raises(tp.BoundsError) as info:
+        ctx.compile(bounds={T: 0}, outputs=[y], backend="numpy")
+    assert "T" in str(info.value)
+    with pytest.raises(tp.BoundsError) as info:
+        ctx.compile(bounds={T: 5, "Q": 3}, outputs=[y], backend="numpy")
+    assert "Q" in str(info.value)
+
+
+# ---- domains ------------------------------------------------------------------------------
+def test_assigning_to_a_non_placeholder():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.ones(5, np.float32))[t]
+        with pytest.raises(tp.DomainError) as info:
+            line = next_line()
+            x[0] = 1.0
+        assert "placeholder" in str(info.value)
+        assert_site(info.value, line, "x[0] = 1.0")
+
+
+def test_assigning_a_value_that_varies_over_a_dim_outside_the_domain():
+    ctx = tp.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    with ctx:
+        x = tp.const(np.ones(5, np.float32))[t]
+        y = tp.placeholder(domain=(i,))
+        with pytest.raises(tp.DomainError) as info:
+            line = next_line()
+            y[True] = x
+        assert "t" in str(info.value)
+        assert_site(info.value, line)
+
+
+def test_symbol_of_another_context():
+    ctx, t, T = ctx_t()
+    other = tp.Context(dims=("s",))
+    (s,) = other.dims
+    with ctx:
+        with pytest.raises(tp.DomainError) as info:
+            line = next_line()
+            tp.const(np.ones(5, np.float32))[s]
+        assert "s" in str(info.value)
+        assert_site(info.value, line)
+
+
+def test_non_quasi_affine_index():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.arange(5, dtype=np.float32))[t]
+        line = next_line()
+        y = x[t * t]
+    with pytest.raises(tp.UnsupportedExpressionError) as info:
+        ctx.compile(bounds={T: 2}, outputs=[y], backend="numpy")
+    assert_site(info.value, line)
+
+
+# ---- UDFs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_udf_returning_the_wrong_shape_fails_at_run_time(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        line = next_line()
+        (u,) = tp.udf(lambda: np.zeros(3, np.float32), outputs=[((2,), "float32")], domain=(t,))
+    exe = ctx.compile(bounds={T: 3}, outputs=[u], backend=backend)   # fine until it runs
+    with pytest.raises(tp.UDFError) as info:
+        exe.run()
+    msg = str(info.value)
+    assert "(3,)" in msg and "(2,)" in msg
+    assert_site(info.value, line)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_udf_returning_the_wrong_dtype(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        (u,) = tp.udf(lambda: np.float32(1.5), outputs=[((), "int32")], domain=(t,))
+    with pytest.raises(tp.UDFError) as info:
+        ctx.compile(bounds={T: 2}, outputs=[u], backend=backend).run()
+    assert "int32" in str(info.value) and "float32" in str(info.value)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_udf_returning_the_wrong_number_of_values(backend):
+    """Two outputs declared; three values returned, then a single array returned."""
+    ctx, t, T = ctx_t()
+    with ctx:
+        u, v = tp.udf(lambda: (np.float32(1.0),) * 3, outputs=[((), "float32"), ((), "float32")],
+                      domain=(t,))
+    with pytest.raises(tp.UDFError) as info:
+        ctx.compile(bounds={T: 2}, outputs=[u, v], backend=backend).run()
+    assert "3" in str(info.value) and "2" in str(info.value)
+
+    ctx, t, T = ctx_t()
+    with ctx:
+        u, v = tp.udf(lambda: np.float32(1.0), outputs=[((), "float32"), ((), "float32")],
+                      domain=(t,))
+    with pytest.raises(tp.UDFError) as info:
+        ctx.compile(bounds={T: 2}, outputs=[u, v], backend=backend).run()
+    assert "2" in str(info.value)
+
+
+# ---- misuse of the API ----------------------------------------------------------------------
+def test_reading_a_result_that_is_not_an_output():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.arange(5, dtype=np.float32))[t]
+        y = x + 1.0
+    res = ctx.compile(bounds={T: 5}, outputs=[x], backend="numpy").run()
+    with pytest.raises(tp.TempoError):
+        res[y]
+
+
+def test_output_of_another_context_is_rejected():
+    ctx, t, T = ctx_t()
+    other, t2, T2 = ctx_t()
+    with ctx:
+        x = tp.const(np.arange(5, dtype=np.float32))[t]
+        x + 1.0
+    with other:
+        y = tp.const(np.arange(5, dtype=np.float32) * 100.0)[t2]
+    with pytest.raises(tp.TempoError):
+        ctx.compile(bounds={T: 5}, outputs=[y], backend="numpy").run()
+
+
+def test_mixing_contexts_in_one_op():
+    ctx, t, T = ctx_t()
+    other, t2, T2 = ctx_t()
+    with ctx:
+        x = tp.const(np.ones(3, np.float32))
+    with other:
+        y = tp.const(np.ones(3, np.float32))
+        with pytest.raises(tp.TempoError):
+            y + x  # noqa: B018
+
+
+def test_unknown_backend_and_no_active_context():
+    ctx, T, y = _program_using_T()
+    with pytest.raises(tp.TempoError) as info:
+        ctx.compile(bounds={T: 5}, outputs=[y], backend="torch")
+    assert "torch" in str(info.value)
+    with pytest.raises(tp.TempoError):
+        tp.const(np.ones(3))
+
+
+def test_recurrent_tensor_has_no_truth_value():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.const(np.arange(5, dtype=np.float32))[t]
+        with pytest.raises(tp.TempoError) as info:
+            line = next_line()
+            bool(x > 0)
+        assert "tp.where" in str(info.value)
+        assert_site(info.value, line)
