@@ -331,11 +331,37 @@ class Generator:
         return self.add(a.rt + k * 0.125, f"{a.name} + float({d.name}*2+1) * 0.125",
                         a.mag + 0.25 * self.size(d) + 0.125)
 
+    def p_two_step(self):
+        """A recurrence over the two previous points: s(d) = s(d-1)/2 + s(d-2)/4 + a(d)."""
+        a = self.pick()
+        pos = self.pick_dim()
+        d = self.dims[pos]
+        s = tp.placeholder(shape=self.shape, dtype="float32", domain=self.dims)
+        s[d < 2] = a.rt
+        s[True] = s[self.key(pos, d - 1)] * 0.5 + s[self.key(pos, d - 2)] * 0.25 + a.rt
+        text = (f"s[{d.name} < 2] = {a.name}; s[True] = s[{self.fmt_key(pos, f'{d.name}-1')}] * 0.5"
+                f" + s[{self.fmt_key(pos, f'{d.name}-2')}] * 0.25 + {a.name}")
+        return self.add(s, f"placeholder: {text}", 4 * a.mag)
+
+    def p_diagonal(self):
+        """A recurrence along the diagonal of (i, t) (a plain recurrence with one dim)."""
+        if len(self.dims) == 1:
+            return self.p_recurrence()
+        a = self.pick()
+        i, t = self.dims
+        s = tp.placeholder(shape=self.shape, dtype="float32", domain=self.dims)
+        s[0, t] = a.rt
+        s[i, 0] = a.rt * 0.5
+        s[i + 1, t + 1] = (s * 0.5 + a.rt[i + 1, t + 1]).tanh()
+        text = (f"s[0, t] = {a.name}; s[i, 0] = {a.name} * 0.5; "
+                f"s[i+1, t+1] = tanh(s * 0.5 + {a.name}[i+1, t+1])")
+        return self.add(s, f"placeholder: {text}", max(a.mag, 1.0))
+
     PATTERNS = ("p_arith", "p_tanh", "p_where", "p_spatial_sum", "p_matmul", "p_symbol",
                 "p_broadcast", "p_shift", "p_const_point", "p_backward_window", "p_forward_window",
                 "p_causal", "p_anti_causal",
                 "p_conditional", "p_whole_range", "p_recurrence", "p_backward_recurrence",
-                "p_strict_window", "p_window_2d")
+                "p_strict_window", "p_window_2d", "p_two_step", "p_diagonal")
     TEMPORAL = PATTERNS[7:]
 
     def build(self) -> Program:

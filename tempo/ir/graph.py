@@ -61,10 +61,6 @@ class Edge:
         """Positions in ``phi`` that are slices (each adds a leading spatial dim)."""
         return tuple(k for k, e in enumerate(self.phi) if isinstance(e, Slice))
 
-    def is_identity(self) -> bool:
-        return self.sink.domain == self.src.domain and all(
-            e is d for e, d in zip(self.phi, self.src.domain))
-
     def __repr__(self) -> str:
         phi = ", ".join(map(str, self.phi))
         cond = "" if self.cond is TRUE else f" if {self.cond}"

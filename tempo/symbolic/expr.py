@@ -329,20 +329,6 @@ def logical_not(a: ExprLike) -> Expr:
     return Expr("not", a)
 
 
-def conjunction(terms: Iterable[ExprLike]) -> Expr:
-    out: Expr = TRUE
-    for term in terms:
-        out = logical_and(out, term)
-    return out
-
-
-def disjunction(terms: Iterable[ExprLike]) -> Expr:
-    out: Expr = FALSE
-    for term in terms:
-        out = logical_or(out, term)
-    return out
-
-
 _REBUILD: dict[str, Callable[..., Expr]] = {
     **{op: (lambda o: lambda a, b: _binary(o, a, b))(op) for op in (*_ARITH, *_COMPARE)},
     "min": minimum, "max": maximum, "and": logical_and, "or": logical_or, "not": logical_not,

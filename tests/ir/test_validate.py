@@ -63,3 +63,11 @@ def test_bounds_are_resolved_by_symbol_or_name_and_validated():
         resolve_bounds(ctx.graph, ctx.bound_of, {T: 0})
     with pytest.raises(tp.BoundsError, match="not a bound"):
         resolve_bounds(ctx.graph, ctx.bound_of, {"Q": 3, T: 2})
+
+
+def test_dot_export_lists_every_op_and_edge():
+    ctx, _, _ = _program()
+    dot = ctx.graph.to_dot()
+    assert dot.startswith("digraph sdg {") and dot.rstrip().endswith("}")
+    assert all(f"op{op.id} [" in dot for op in ctx.graph.ops.values())
+    assert dot.count("->") == sum(1 for _ in ctx.graph.edges())
