@@ -1,11 +1,12 @@
-"""Execution and memory schedule of an SDG, found by isl's scheduler.
+"""Execution and memory schedule of an SDG, found with isl.
 
-Statements are the ops (``S<id>``) and one deallocation statement per stored op
-(``F<id>``: free the op's outputs at a point). Validity constraints: a source point runs
-before every sink point that reads it; a point is freed after it was produced and after
-its last reader ran. Proximity constraints are the same relations, so the scheduler keeps
-producers, consumers and frees close, and memory stays bounded by what the dependences
-require.
+Execution: statements ``S<id>`` are the ops' needed points; validity constraints say a
+source point runs before every sink point that reads it; proximity constraints pull each
+sink point towards the latest point it reads, so isl fuses producers with consumers
+(recurrences and windows alike). Memory: each stored point gets a free statement
+``F<id>`` placed, by isl, right after its last use in the execution schedule (the lexmax
+of its readers' execution times), so memory stays bounded by what the dependences and
+the chosen order require.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tempo.errors import UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.schedule import ast
 from tempo.schedule.polyhedral import (
+    ISL,
     Polyhedral,
     check_acyclic_points,
     check_branches,
@@ -73,30 +75,71 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     if poly is None:
         poly, poly_needed, poly_reads = concrete, needed, reads
     live_reads = {e: r.intersect_domain(poly_needed) for e, r in poly_reads.items()}
-    domain, validity = _constraints(poly, poly_needed, live_reads, kept)
     statements = {name: Statement("exec", op) for name, op in poly.statements.items()}
     statements.update({_free_name(op): Statement("free", op) for op in poly.statements.values()})
-    schedule = _schedule(poly, domain, validity, statements)
+    schedule = _schedule(poly, poly_needed, live_reads)
     if schedule is None:
         check_acyclic_points(concrete, needed, reads)
         raise UnschedulableError("isl found no schedule satisfying the program's dependences")
-    return schedule
-
-
-def _schedule(poly: Polyhedral, domain: isl.UnionSet, validity: isl.UnionMap,
-              statements: dict[str, Statement]) -> Schedule | None:
-    try:
-        sc = isl.ScheduleConstraints.on_domain(domain).set_context(poly.context()) \
-            .set_validity(validity).set_proximity(validity)
-        schedule = sc.compute_schedule()
-    except isl.Error:
-        return None
-    if schedule is None:
-        return None
+    times = _with_frees(poly, poly_needed, live_reads, schedule, kept)
     build = isl.AstBuild.from_context(poly.context())
     symbols = {name: b for b, name in poly.params.items()}
-    root = ast.from_isl(build.node_from_schedule(schedule), symbols)
+    root = ast.from_isl(build.node_from_schedule_map(times), symbols)
     return Schedule(root, statements, schedule)
+
+
+def _schedule(poly: Polyhedral, needed: isl.UnionSet,
+              reads: dict[Edge, isl.UnionMap]) -> isl.Schedule | None:
+    """isl's execution schedule. Validity: every source point before the sink points that
+    read it. Proximity: each sink point close to the latest point it reads (proximity to a
+    whole window would keep isl from fusing a producer with its window readers)."""
+    validity = proximity = poly.union_map("{ }")
+    for rel in reads.values():
+        if rel.is_empty():
+            continue
+        validity = validity.union(rel.reverse())
+        proximity = proximity.union(rel.lexmax().reverse())
+    try:
+        sc = isl.ScheduleConstraints.on_domain(needed).set_context(poly.context()) \
+            .set_validity(validity).set_proximity(proximity)
+        return sc.compute_schedule()
+    except isl.Error:
+        return None
+
+
+def _with_frees(poly: Polyhedral, needed: isl.UnionSet, reads: dict[Edge, isl.UnionMap],
+                schedule: isl.Schedule, kept: set[int]) -> isl.UnionMap:
+    """Execution times of every statement, with a free of each stored point right after
+    its last use (its production, or the latest read of it in schedule order).
+
+    Times get a trailing 0 for executions and 1 for frees, so a free follows the statement
+    it waits for. Zero-dim ops and ``kept`` ops are not freed during the run.
+    """
+    theta = schedule.get_map().intersect_domain(needed)
+    times = _append_dim(theta, 0)
+    consumers = poly.graph.consumers()
+    for op in poly.graph.ops.values():
+        points = needed.intersect(poly.box(op))
+        if op.id in kept or not op.domain or points.is_empty():
+            continue
+        uses = theta.intersect_domain(points)
+        for edge in consumers[op.id]:
+            uses = uses.union(reads[edge].reverse().apply_range(theta))
+        last = isl.Map.from_union_map(uses.lexmax().coalesce()) \
+            .set_tuple_name(isl.dim_type.in_, _free_name(op))
+        times = times.union(_append_dim(isl.UnionMap.from_map(last), 1))
+    return times
+
+
+def _append_dim(times: isl.UnionMap, value: int) -> isl.UnionMap:
+    out = None
+    maps = times.get_map_list()
+    for k in range(maps.n_map()):
+        m = maps.get_at(k)
+        n = m.dim(isl.dim_type.out)
+        m = m.add_dims(isl.dim_type.out, 1).fix_val(isl.dim_type.out, n, isl.Val(value, context=ISL))
+        out = isl.UnionMap.from_map(m) if out is None else out.union(m)
+    return out if out is not None else times
 
 
 def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
@@ -112,40 +155,3 @@ def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[S
 
 def _free_name(op: Op) -> str:
     return f"F{op.id}"
-
-
-def _constraints(poly: Polyhedral, needed: isl.UnionSet, reads: dict[Edge, isl.UnionMap],
-                 kept: set[int]) -> tuple[isl.UnionSet, isl.UnionMap]:
-    domain = needed
-    validity = poly.union_map("{ }")
-    for rel in reads.values():
-        validity = validity.union(rel.reverse())
-    for op in poly.graph.ops.values():
-        points = needed.intersect(poly.box(op))
-        if op.id in kept or not op.domain or points.is_empty():
-            continue  # a zero-dim op holds one point: it lives until the end of the run
-        free = _rename(points, _free_name(op))
-        domain = domain.union(free)
-        validity = validity.union(isl.UnionMap.from_domain_and_range(points, free)
-                                  .intersect(_same_point(poly, op)))
-        for edge in poly.graph.out_edges(op):
-            validity = validity.union(_to_free(reads[edge], op))
-    return domain, validity
-
-
-def _rename(points: isl.UnionSet, name: str) -> isl.UnionSet:
-    s = isl.Set.from_union_set(points).set_tuple_name(name)
-    return isl.UnionSet.from_set(s)
-
-
-def _to_free(rel: isl.UnionMap, op: Op) -> isl.UnionMap:
-    """``{ sink[p] -> F<op>[q] }`` from a read relation ``{ sink[p] -> S<op>[q] }``."""
-    if rel.is_empty():
-        return rel
-    m = isl.Map.from_union_map(rel).set_tuple_name(isl.dim_type.out, _free_name(op))
-    return isl.UnionMap.from_map(m)
-
-
-def _same_point(poly: Polyhedral, op: Op) -> isl.UnionMap:
-    vars_ = ", ".join(f"a{k}" for k in range(len(op.domain)))
-    return poly.union_map(f"{{ {poly.name(op)}[{vars_}] -> {_free_name(op)}[{vars_}] }}")

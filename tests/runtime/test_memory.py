@@ -123,9 +123,6 @@ def window_program(n):
     return exe, last
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limitation: isl's incremental scheduler will not fuse a deallocation that waits "
-    "for a reader more than one step later (a window of 4), so x is freed after its loop"))
 def test_backward_window_runs_in_bounded_memory():
     peaks = {}
     for n in (50, 200):

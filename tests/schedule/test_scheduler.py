@@ -1,5 +1,7 @@
 """The isl schedule: demand, memory statements placed by dependences, readable output."""
 
+import re
+
 import numpy as np
 
 import tempo as tp
@@ -66,7 +68,7 @@ def test_shift_does_not_compute_points_nobody_needs():
 def test_pseudo_code_names_ops_and_loops():
     ctx, T, y, last = _recurrence()
     text = str(ctx.compile({T: 8}, [last], backend="numpy").schedule)
-    assert "for c0 in range(" in text
+    assert re.search(r"for c\d+ in range\(", text)
     assert y.op.name in text and f"free {y.op.name}" in text
 
 
