@@ -444,6 +444,15 @@ def test_random_program_jax(seed):
     check_program(seed, "jax", both_bounds=False)
 
 
+# Seeds of programs that once failed, found by longer runs of the generator.
+REGRESSION_SEEDS = [(7029, "numpy"), (7138, "numpy"), (8007, "jax")]
+
+
+@pytest.mark.parametrize("seed,backend", REGRESSION_SEEDS)
+def test_regression_program(seed, backend):
+    check_program(seed, backend, both_bounds=backend == "numpy")
+
+
 def test_generator_is_deterministic():
     a, b = make_program(7), make_program(7)
     assert a.describe() == b.describe()
@@ -499,6 +508,29 @@ def test_empty_window_of_an_outer_dim(backend):
     res = ctx.compile(bounds={I: 2, T: 3}, outputs=[prefix, below], backend=backend).run()
     np.testing.assert_allclose(res[prefix], np.cumsum(data, axis=1))
     np.testing.assert_allclose(res[below], [data[1], np.zeros(3)])
+
+
+def test_conditional_branch_next_to_a_window_compiles():
+    """A ``t % 3`` branch beside a window: isl's AST had a loop start ``0 if c % 3 >= 1
+    else 1``, which the AST translation rejected (UnsupportedExpressionError) for every
+    bound. The unused op matters: it changes the schedule isl picks."""
+    ctx = tp.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        x = tp.const(np.ones((3, 9), np.float32))[i, t]
+        x[i:tp.min(i + 1, I), t].sum(0)  # not read by any output
+        w = x[i, tp.max(0, t - 1):t + 1].sum(0)
+        y = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
+        y[t % 3 == 0] = w * 2.0
+        y[True] = x.tanh()
+        z = w.tanh()
+    bounds = {I: 2, T: 7}
+    res = ctx.compile(bounds=bounds, outputs=[z, y], backend="numpy").run()
+    window = np.minimum(np.arange(7), 1) + 1.0  # ones summed over max(0, t-1)..t
+    expected_y = np.where(np.arange(7) % 3 == 0, 2.0 * window, np.tanh(1.0))
+    np.testing.assert_allclose(res[y], np.broadcast_to(expected_y, (2, 7)), rtol=1e-6)
+    np.testing.assert_allclose(res[z], np.broadcast_to(np.tanh(window), (2, 7)), rtol=1e-6)
 
 
 _SLOW_SCHEDULE_PROGRAM = """

@@ -329,9 +329,18 @@ def logical_not(a: ExprLike) -> Expr:
     return Expr("not", a)
 
 
+def select(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
+    """``a if cond else b``."""
+    cond, a, b = as_expr(cond), as_expr(a), as_expr(b)
+    if cond.is_const:
+        return a if cond.value else b
+    return a if a is b else Expr("select", cond, a, b)
+
+
 _REBUILD: dict[str, Callable[..., Expr]] = {
     **{op: (lambda o: lambda a, b: _binary(o, a, b))(op) for op in (*_ARITH, *_COMPARE)},
     "min": minimum, "max": maximum, "and": logical_and, "or": logical_or, "not": logical_not,
+    "select": select,
 }
 
 
@@ -344,6 +353,8 @@ def _evaluate(e: Expr, env: dict[Symbol, int]) -> Any:
             return env[e]  # type: ignore[index]
         except KeyError:
             raise UnsupportedExpressionError(f"no value for symbol {e} when evaluating") from None
+    if e.op == "select":
+        return _evaluate(e.args[1] if _evaluate(e.args[0], env) else e.args[2], env)
     vals = [_evaluate(c, env) for c in e.args]
     if e.op in _ARITH:
         return _ARITH[e.op](*vals)
@@ -371,6 +382,8 @@ def _to_python(e: Expr, names: dict[Symbol, str]) -> str:
         return f"({parts[0]} {_PY_INFIX[e.op]} {parts[1]})"
     if e.op == "not":
         return f"(not {parts[0]})"
+    if e.op == "select":
+        return f"({parts[1]} if {parts[0]} else {parts[2]})"
     return f"{e.op}({', '.join(parts)})"
 
 

@@ -23,6 +23,7 @@ from tempo.symbolic.expr import (
     logical_or,
     maximum,
     minimum,
+    select,
 )
 
 _ISL_INFIX = {"add": "+", "sub": "-", "eq": "=", "ne": "!=", "lt": "<", "le": "<=",
@@ -99,7 +100,10 @@ def from_isl_ast_expr(e: isl.AstExpr, symbols: Mapping[str, Expr], eq_as: str = 
         cond = args[0]
         if cond.op == "eq" and eq_as != "eq":
             cond = _AST_BINARY[eq_as](*cond.args)
-        return select_as_min_max(cond, args[1], args[2])
+        try:
+            return select_as_min_max(cond, args[1], args[2])
+        except UnsupportedExpressionError:
+            return select(args[0], args[1], args[2])
     if op in _AST_BINARY:
         return _AST_BINARY[op](*args)
     raise UnsupportedExpressionError(f"isl AST operation {op!r} is not supported")
@@ -132,10 +136,11 @@ def pw_aff_to_expr(pa: isl.PwAff, context: isl.Set, symbols: Mapping[str, Expr])
     for eq_as in ("eq", "le", "ge"):
         try:
             out = normalize(from_isl_ast_expr(ast, symbols, eq_as))
+            text = to_isl(out, names)  # a select that is no min/max has no isl form
         except UnsupportedExpressionError:
             continue
         params = ", ".join(names.values())
-        back = isl.PwAff(f"[{params}] -> {{ [({to_isl(out, names)})] }}")
+        back = isl.PwAff(f"[{params}] -> {{ [({text})] }}")
         where = pa.domain().intersect_params(context)
         if back.intersect_domain(where).is_equal(pa.intersect_domain(where)):
             return out

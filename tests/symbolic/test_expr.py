@@ -377,3 +377,14 @@ def test_symbols_and_slice_size():
         assert window.size.evaluate({t: v}) == min(v, 3) + 1
     assert Slice(t, T).size is (T - t)
     assert Slice(0, 5).size is as_expr(5)
+
+
+def test_select_evaluates_and_compiles_like_a_conditional_expression():
+    from tempo.symbolic.expr import select
+    t = Symbol("t")
+    e = select(t % 3 >= 1, t - 1, t + 10)
+    fn = compile_function([e], [t])
+    for v in range(-4, 8):
+        want = v - 1 if v % 3 >= 1 else v + 10
+        assert e.evaluate({t: v}) == want and fn(v) == (want,)
+    assert select(as_expr(True), t, t + 1) is t
