@@ -120,8 +120,7 @@ class ReferenceEvaluator:
         env = self.env(op, key[1])
         for cond, what in op.requires:
             if not cond.evaluate(env):
-                raise OutOfRangeError(f"{op.name} at {_fmt_point(op, key[1])}: {what} is out of "
-                                      f"range", op.site)
+                raise OutOfRangeError(f"{op.name} at {_fmt_point(op, key[1])}: {what}", op.site)
         inputs = [self._gather(e, keys, env) for e, keys in reads]
         if op.kind == "merge":
             return (inputs[0],)

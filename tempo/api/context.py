@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tempo.errors import DomainError, ShapeError, TempoError, user_site
 from tempo.ir.graph import SDG, Edge, Op
-from tempo.ir.ops import op_def
+from tempo.ir.ops import op_def, param_symbols
 from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Symbol
 
 if TYPE_CHECKING:
@@ -73,7 +73,8 @@ class Context:
         """Add an op reading ``inputs`` (at identity unless ``phis`` says otherwise)."""
         site = user_site()
         if phis is None:
-            domain = self.ordered([*domain, *(d for x in inputs for d in x.domain)])
+            from_params = [s for s in param_symbols(params) if s in self.bound_of]
+            domain = self.ordered([*domain, *from_params, *(d for x in inputs for d in x.domain)])
             phis = [x.domain for x in inputs]
         else:
             domain = self.ordered(domain)

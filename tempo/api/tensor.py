@@ -189,6 +189,8 @@ class RecurrentTensor:
         out_type = TensorType((*sizes, *self.shape), self.dtype)
         op = self.ctx.add_op("identity", [self], {"out_type": out_type}, domain=domain,
                              phis=[tuple(phi)])
+        op.requires = tuple((e.start <= e.stop, f"temporal slice {e} ends before it starts")
+                            for e in phi if isinstance(e, Slice) and not (e.start <= e.stop).is_const)
         return RecurrentTensor(self.ctx, op)
 
     def _index_spatial(self, entries: Sequence[Any]) -> RecurrentTensor:
@@ -220,18 +222,25 @@ class RecurrentTensor:
         expr = as_expr(entry)
         if not expr.is_const:
             out.op.requires += (((expr >= 0) & (expr < size),
-                                 f"spatial index {expr} of dim {dim} (size {size})"),)
+                                 f"spatial index {expr} is outside dim {dim} (size {size})"),)
         return out
 
     def _spatial_slice(self, dim: int, entry: slice) -> RecurrentTensor:
         if entry.step not in (None, 1):
             raise ShapeError("spatial slices support step 1 only", user_site())
         size = self.shape[dim]
+        static = all(isinstance(v, (int, np.integer, type(None))) for v in (entry.start, entry.stop))
+        if static and size.is_const:  # Python semantics: negative indices, clamping
+            start, stop, _ = entry.indices(size.value)
+            return self._apply("slice", dim=dim, start=as_expr(start), stop=as_expr(max(start, stop)))
         start = as_expr(0 if entry.start is None else entry.start)
         stop = size if entry.stop is None else as_expr(entry.stop)
         for bound in (start, stop):
             self.ctx.check_symbols(bound, "a spatial slice")
-        return self._apply("slice", dim=dim, start=start, stop=stop)
+        out = self._apply("slice", dim=dim, start=start, stop=stop)
+        out.op.requires += (((start >= 0) & (start <= stop) & (stop <= size),
+                             f"spatial slice {start}:{stop} is outside dim {dim} (size {size})"),)
+        return out
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """Define a branch of a placeholder: ``y[0] = v``, ``y[t+1] = v``, ``y[cond] = v``."""

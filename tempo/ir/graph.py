@@ -24,8 +24,8 @@ class Op:
     site: SourceSite
     label: str = ""
     requires: tuple[tuple[Expr, str], ...] = ()
-    """Conditions over the domain that must hold at every executed point, with what they
-    protect (e.g. a symbolic spatial index within its dim's size)."""
+    """Conditions over the domain that must hold at every executed point, each with the
+    message for when it does not (e.g. a symbolic spatial index within its dim's size)."""
 
     @property
     def definition(self) -> OpDef:

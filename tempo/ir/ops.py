@@ -71,9 +71,9 @@ def _fmt(shape: Shape) -> str:
 
 
 def normalize_dim(dim: int, ndim: int) -> int:
-    if not -ndim <= dim < max(ndim, 1):
+    if not -ndim <= dim < ndim:
         raise ShapeError(f"dim {dim} is out of range for a tensor with {ndim} dims")
-    return dim % max(ndim, 1)
+    return dim % ndim
 
 
 def result_dtype(*dtypes: Any) -> str:
@@ -396,9 +396,12 @@ def _resolve(value: Any, env: dict) -> Any:
     return value
 
 
-def has_symbolic_params(params: dict[str, Any]) -> bool:
-    def symbolic(v: Any) -> bool:
+def param_symbols(params: dict[str, Any]) -> frozenset:
+    """Every symbol in the params' expressions (shapes, slice bounds)."""
+    def symbols(v: Any) -> frozenset:
         if isinstance(v, Expr):
-            return not v.is_const
-        return isinstance(v, tuple) and any(symbolic(x) for x in v)
-    return any(symbolic(v) for v in params.values())
+            return v.symbols()
+        if isinstance(v, tuple):
+            return frozenset().union(*(symbols(x) for x in v))
+        return frozenset()
+    return frozenset().union(*(symbols(v) for v in params.values()))

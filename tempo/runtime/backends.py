@@ -9,7 +9,7 @@ import numpy as np
 
 from tempo.errors import TempoError
 from tempo.ir.graph import Op
-from tempo.ir.ops import has_symbolic_params, op_def
+from tempo.ir.ops import op_def
 
 DeviceKernel = Callable[..., Any]  # (params, *inputs) -> array or tuple
 
@@ -19,7 +19,7 @@ class NumpyBackend:
 
     name = "numpy"
 
-    def kernel(self, op: Op, static_shapes: bool = True) -> DeviceKernel:
+    def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         fn = op.definition.kernel
         return lambda params, *xs: fn(np, params, *xs)
 
@@ -47,16 +47,18 @@ class JaxBackend:
         import jax.numpy as jnp
         self.jax, self.jnp = jax, jnp
 
-    def kernel(self, op: Op, static_shapes: bool = True) -> DeviceKernel:
-        """A jitted kernel. Ops whose shapes vary between points (``x[0:t+1]``) run with
-        NumPy and move back to the device: XLA would compile once per shape, and eager
-        JAX does the same per primitive, until tiling makes those shapes static."""
+    def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
+        """A jitted kernel: once for ``static_params``, else once per distinct params.
+
+        Ops whose shapes vary between points (``x[0:t+1]``) run with NumPy and move back
+        to the device: XLA would compile once per shape, and eager JAX does the same per
+        primitive, until tiling makes those shapes static."""
         fn = op.definition.kernel
         jnp = self.jnp
         if not static_shapes:
             return lambda params, *xs: jnp.asarray(fn(np, params, *(np.asarray(x) for x in xs)))
-        if not has_symbolic_params(op.params):
-            compiled = self._jitted(op.kind, op.params)
+        if static_params is not None:
+            compiled = self._jitted(op.kind, static_params)
             return lambda params, *xs: compiled(*xs)
         return lambda params, *xs: self._jitted(op.kind, params)(*xs)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from tempo.errors import TempoError
 from tempo.ir.graph import SDG, Edge, Op
-from tempo.ir.ops import has_symbolic_params, resolve_params
+from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
 from tempo.runtime.backends import make_backend
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
@@ -252,10 +252,10 @@ def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Sym
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
                      bounds: dict[Symbol, int], backend: Any) -> Launcher:
-    kernel = backend.kernel(op, _static_shapes(op, edges, bounds))
     multi = op.definition.multi_output
-    symbolic = has_symbolic_params(op.params)
+    symbolic = bool(param_symbols(op.params) & set(op.domain))  # params vary with the point
     static_params = None if symbolic else resolve_params(op.params, bounds)
+    kernel = backend.kernel(op, static_params, _static_shapes(op, edges, bounds))
     domain = op.domain
     if len(reads) == 1 and len(writes) == 1 and not symbolic and not multi:
         (read, phi), = reads

@@ -209,8 +209,7 @@ def check_requirements(poly: Polyhedral, needed: isl.UnionSet) -> None:
         for cond, what in op.requires:
             bad = needed.intersect(poly.box(op)).subtract(poly.condition_set(op, cond))
             if not bad.is_empty():
-                raise OutOfRangeError(f"{op.name} at {_fmt(op, _sample(bad))}: {what} is out of "
-                                      f"range", op.site)
+                raise OutOfRangeError(f"{op.name} at {_fmt(op, _sample(bad))}: {what}", op.site)
 
 
 def check_acyclic_points(poly: Polyhedral, needed: isl.UnionSet,
