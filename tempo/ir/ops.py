@@ -102,7 +102,7 @@ for _name, _fn in _UNARY.items():
     register(_name, _same, (lambda fn: lambda xp, p, x: getattr(xp, fn)(x))(_fn))
 
 _ARITH = {"add": "add", "sub": "subtract", "mul": "multiply", "pow": "power",
-          "maximum": "maximum", "minimum": "minimum"}
+          "maximum": "maximum", "minimum": "minimum", "mod": "mod", "floordiv": "floor_divide"}
 _COMPARE = {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
             "gt": "greater", "ge": "greater_equal", "and": "logical_and", "or": "logical_or"}
 

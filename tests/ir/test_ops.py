@@ -1,0 +1,76 @@
+"""Every op, run through both backends and the reference evaluator, against NumPy."""
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.reference import evaluate
+
+RNG = np.random.default_rng(7)
+A = RNG.standard_normal((2, 3)).astype(np.float32)
+B = RNG.standard_normal((3, 4)).astype(np.float32)
+P = (np.abs(A) + 0.5).astype(np.float32)
+I = np.array([[2, 0, 1], [1, 1, 0]], dtype=np.int32)
+
+# name -> (build(a, b, p, idx) -> RT, expected NumPy value)
+CASES = {
+    "add": (lambda a, b, p, i: a + 1.5, A + 1.5),
+    "sub": (lambda a, b, p, i: 2 - a, 2 - A),
+    "mul": (lambda a, b, p, i: a * a, A * A),
+    "div": (lambda a, b, p, i: a / p, A / P),
+    "pow": (lambda a, b, p, i: p ** 2, P ** 2),
+    "neg": (lambda a, b, p, i: -a, -A),
+    "exp": (lambda a, b, p, i: a.exp(), np.exp(A)),
+    "log": (lambda a, b, p, i: p.log(), np.log(P)),
+    "tanh": (lambda a, b, p, i: a.tanh(), np.tanh(A)),
+    "sqrt": (lambda a, b, p, i: p.sqrt(), np.sqrt(P)),
+    "abs": (lambda a, b, p, i: a.abs(), np.abs(A)),
+    "sin_cos": (lambda a, b, p, i: a.sin() + a.cos(), np.sin(A) + np.cos(A)),
+    "sigmoid": (lambda a, b, p, i: a.sigmoid(), 1 / (1 + np.exp(-A))),
+    "relu": (lambda a, b, p, i: a.relu(), np.maximum(A, 0)),
+    "floor": (lambda a, b, p, i: a.floor(), np.floor(A)),
+    "compare": (lambda a, b, p, i: tp.where((a > 0) & ~(a >= 1) | (a == 0), a, -a),
+                np.where((A > 0) & ~(A >= 1) | (A == 0), A, -A)),
+    "min_max": (lambda a, b, p, i: tp.max(a, 0.1) + tp.min(a, -0.1), np.maximum(A, 0.1) + np.minimum(A, -0.1)),
+    "matmul": (lambda a, b, p, i: a @ b, A @ B),
+    "sum": (lambda a, b, p, i: a.sum(), A.sum()),
+    "sum_dim_keep": (lambda a, b, p, i: a.sum(1, keepdim=True), A.sum(1, keepdims=True)),
+    "mean": (lambda a, b, p, i: a.mean(0), A.mean(0)),
+    "max_min_prod": (lambda a, b, p, i: a.max(1) + a.min(1) + p.prod(1),
+                     A.max(1) + A.min(1) + P.prod(1)),
+    "cumsum": (lambda a, b, p, i: a.cumsum(1), np.cumsum(A, 1)),
+    "discounted_sum": (lambda a, b, p, i: b.discounted_sum(0.5, dim=1),
+                       (B * 0.5 ** np.arange(4)).sum(1).astype(np.float32)),
+    "reshape": (lambda a, b, p, i: a.reshape(3, 2), A.reshape(3, 2)),
+    "permute": (lambda a, b, p, i: a.permute(1, 0), A.T),
+    "expand": (lambda a, b, p, i: a.unsqueeze(0).expand(4, 2, 3), np.broadcast_to(A, (4, 2, 3))),
+    "squeeze": (lambda a, b, p, i: a.sum(1, keepdim=True).squeeze(1), A.sum(1)),
+    "cat": (lambda a, b, p, i: tp.cat([a, p], dim=0), np.concatenate([A, P], 0)),
+    "stack": (lambda a, b, p, i: tp.stack([a, p], dim=1), np.stack([A, P], 1)),
+    "index": (lambda a, b, p, i: a[1], A[1]),
+    "index_negative": (lambda a, b, p, i: a[-1, 2], A[-1, 2]),
+    "slice": (lambda a, b, p, i: a[:, 1:], A[:, 1:]),
+    "slice_negative": (lambda a, b, p, i: a[:, -2:], A[:, -2:]),
+    "new_axis": (lambda a, b, p, i: a[:, None], A[:, None]),
+    "gather": (lambda a, b, p, i: a.gather(i, dim=1), np.take_along_axis(A, I, 1)),
+    "take_by_tensor": (lambda a, b, p, i: a[0, i[0]], A[0, I[0]]),
+    "astype": (lambda a, b, p, i: (a * 10).astype("int32"), (A * 10).astype(np.int32)),
+    "int_float_mix": (lambda a, b, p, i: i * 0.5, (I * 0.5).astype(np.float32)),  # JAX-style promotion
+    "mod_floordiv": (lambda a, b, p, i: i % 2 + i // 2, I % 2 + I // 2),
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_matches_numpy(name, backend):
+    build, want = CASES[name]
+    ctx = tp.Context(dims=("t",))
+    (T,) = ctx.bounds
+    with ctx:
+        out = build(tp.const(A), tp.const(B), tp.const(P), tp.const(I))
+    got = ctx.compile({T: 1}, [out], backend=backend).run()[out]
+    ref = evaluate(ctx, {T: 1}, [out])[out.key]
+    want = np.asarray(want)
+    assert got.dtype == want.dtype == ref.dtype, (got.dtype, want.dtype, ref.dtype)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-6)
