@@ -413,3 +413,55 @@ def test_recurrent_tensor_has_no_truth_value():
             bool(x > 0)
         assert "tp.where" in str(info.value)
         assert_site(info.value, line)
+
+
+# ---- review findings: bad input gives Tempo errors, not internal ones -------------------------
+def _ctx_t():
+    ctx = tp.Context(dims=("t",))
+    return ctx, ctx.dims[0], ctx.bounds[0]
+
+
+def test_non_integer_bound_is_a_bounds_error():
+    ctx, t, T = _ctx_t()
+    with ctx:
+        x = tp.symbol_value(t)
+    with pytest.raises(tp.BoundsError, match="must be an int"):
+        ctx.compile({T: "abc"}, [x], backend="numpy")
+
+
+def test_non_tensor_output_is_a_tempo_error():
+    ctx, t, T = _ctx_t()
+    with ctx:
+        x = tp.symbol_value(t)
+    with pytest.raises(tp.TempoError, match="outputs must be recurrent tensors"):
+        ctx.compile({T: 2}, [x, 3], backend="numpy")
+
+
+def test_empty_cat_and_stack_and_bad_dtypes_are_shape_errors():
+    ctx, t, T = _ctx_t()
+    with ctx:
+        x = tp.symbol_value(t)
+        for bad in (lambda: tp.cat([]), lambda: tp.stack([]), lambda: x.astype("notatype"),
+                    lambda: tp.placeholder(dtype="foo"), lambda: tp.const(np.array(["a"])),
+                    lambda: tp.const(np.ones(3, np.float32))[..., 0, 0],
+                    lambda: tp.randint(5, 2, domain=(t,))):
+            with pytest.raises(tp.ShapeError):
+                bad()
+
+
+def test_false_branch_condition_never_applies():
+    ctx, t, T = _ctx_t()
+    with ctx:
+        y = tp.placeholder(shape=(), domain=(t,))
+        y[False] = tp.const(1.0)
+        y[True] = tp.const(2.0)
+    np.testing.assert_array_equal(ctx.compile({T: 3}, [y], backend="numpy").run()[y], [2.0] * 3)
+
+
+def test_sink_may_return_a_value():
+    ctx, t, T = _ctx_t()
+    seen = {}
+    with ctx:
+        tp.sink(tp.symbol_value(t), lambda v, p: seen.setdefault(p["t"], int(v)))
+    ctx.compile({T: 3}, [], backend="numpy").run()
+    assert seen == {0: 0, 1: 1, 2: 2}

@@ -83,16 +83,25 @@ def _min_max(a: Any, b: Any, symbolic: Callable, kind: str) -> Any:
 
 
 def cat(tensors: Sequence[RecurrentTensor], dim: int = 0) -> RecurrentTensor:
-    first, *rest = tensors
+    """Concatenate along spatial ``dim``."""
+    first, *rest = _non_empty(tensors, "cat")
     return first._apply("cat", *rest, dim=dim)
 
 
 def stack(tensors: Sequence[RecurrentTensor], dim: int = 0) -> RecurrentTensor:
-    first, *rest = tensors
+    """Stack along a new spatial ``dim``."""
+    first, *rest = _non_empty(tensors, "stack")
     return first._apply("stack", *rest, dim=dim)
 
 
+def _non_empty(tensors: Sequence[RecurrentTensor], what: str) -> Sequence[RecurrentTensor]:
+    if not tensors:
+        raise ShapeError(f"{what} needs at least one tensor", user_site())
+    return tensors
+
+
 def matmul(a: RecurrentTensor, b: RecurrentTensor) -> RecurrentTensor:
+    """``a @ b``."""
     return a @ b
 
 
@@ -125,6 +134,8 @@ def normal(shape: Sequence[int] = (), loc: float = 0.0, scale: float = 1.0,
 def randint(low: int, high: int, shape: Sequence[int] = (),
             domain: Sequence[Symbol] | None = None, dtype: Any = "int32") -> RecurrentTensor:
     """Integers in ``[low, high)``, fresh at every point of ``domain``."""
+    if high <= low:
+        raise ShapeError(f"randint needs low < high, got [{low}, {high})", user_site())
     return _random("randint", shape, dtype_name(dtype), domain, low=low, high=high)
 
 
@@ -157,8 +168,9 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
 def sink(x: RecurrentTensor, fn: Callable[[np.ndarray, dict[str, int]], None],
          name: str | None = None) -> None:
     """Call ``fn(value, point)`` with the value of ``x`` at every point of its domain."""
-    udf(lambda point, value: fn(value, point), [x], (), name=name or getattr(fn, "__name__", "sink"),
-        pass_point=True)
+    def call(point: dict[str, int], value: np.ndarray) -> None:
+        fn(value, point)  # whatever a logger returns is not a declared output
+    udf(call, [x], (), name=name or getattr(fn, "__name__", "sink"), pass_point=True)
 
 
 def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, site: Any,
@@ -184,7 +196,8 @@ def _conform(value: Any, t: TensorType, label: str, site: Any) -> np.ndarray:
     array = np.asarray(value)
     shape = tuple(d.value for d in t.shape)
     if array.shape != shape:
-        raise UDFError(f"UDF {label} returned shape {array.shape}, declared {shape}", site)
+        hint = " (return the array itself, not a 1-tuple)" if isinstance(value, tuple) else ""
+        raise UDFError(f"UDF {label} returned shape {array.shape}, declared {shape}{hint}", site)
     if array.dtype != np.dtype(t.dtype):
         if not np.can_cast(array.dtype, t.dtype, casting="same_kind"):
             raise UDFError(f"UDF {label} returned dtype {array.dtype}, declared {t.dtype}", site)

@@ -201,7 +201,11 @@ class RecurrentTensor:
         out, dim = self, 0
         for entry in entries:
             if entry is Ellipsis:
-                dim = out.ndim - (len(entries) - entries.index(Ellipsis) - 1)
+                rest = sum(1 for e in entries[entries.index(Ellipsis) + 1:] if e is not None)
+                if rest > out.ndim - dim:
+                    raise ShapeError(f"too many indices for a tensor of shape {_fmt(out.shape)}",
+                                     user_site())
+                dim = out.ndim - rest
             elif entry is None:
                 out, dim = out.unsqueeze(dim), dim + 1
             elif isinstance(entry, slice):
@@ -271,7 +275,7 @@ class RecurrentTensor:
 
     def _branch_key(self, key: Any) -> tuple[Expr, dict[Symbol, Expr]]:
         """The condition under which a branch applies, and the read shift per dim."""
-        if key is True or (isinstance(key, Expr) and key.is_bool):
+        if isinstance(key, bool) or (isinstance(key, Expr) and key.is_bool):
             self.ctx.check_symbols(as_expr(key), "a branch condition")
             return as_expr(key), {}
         entries = key if isinstance(key, tuple) else (key,)
@@ -365,6 +369,8 @@ def _scalar_dtype(value: Scalar | np.number, like: str) -> str:
 
 def constant(ctx: Context, value: Any, dtype: Any = None) -> RecurrentTensor:
     array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise ShapeError(f"cannot make a tensor of {array.dtype} values", user_site())
     if dtype is not None:
         array = array.astype(dtype_name(dtype))
     elif array.dtype == np.float64:

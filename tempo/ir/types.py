@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tempo.errors import ShapeError
 from tempo.symbolic.expr import Expr, ExprLike, as_expr
 
 Shape = tuple[Expr, ...]
@@ -23,7 +24,13 @@ def dtype_name(dtype) -> str:
         return "int32"
     if dtype is bool:
         return "bool"
-    return np.dtype(dtype).name
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        raise ShapeError(f"{dtype!r} is not a dtype") from None
+    if np.dtype(name).kind not in "biuf":
+        raise ShapeError(f"dtype {name} is not supported: use bool, ints or floats")
+    return name
 
 
 @dataclass(frozen=True)

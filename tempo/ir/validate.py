@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from tempo.errors import BoundsError, TempoError, UndefinedPointError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.types import TensorType
@@ -35,6 +37,8 @@ def resolve_bounds(graph: SDG, bound_of: dict[Symbol, Symbol],
         if name not in by_name:
             raise BoundsError(f"{name} is not a bound of this context "
                               f"(bounds: {', '.join(by_name)})")
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise BoundsError(f"bound {name} must be an int, got {value!r}")
         if int(value) < 1:
             raise BoundsError(f"bound {name} must be at least 1, got {value}")
         values[by_name[name]] = int(value)

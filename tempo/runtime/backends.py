@@ -29,6 +29,9 @@ class NumpyBackend:
     def to_host(self, value: Any) -> np.ndarray:
         return np.asarray(value)
 
+    def check_dtype(self, op: Op) -> None:
+        """Every dtype runs on NumPy."""
+
     def stack(self, values: list[Any]) -> Any:
         return np.stack(values)
 
@@ -75,6 +78,16 @@ class JaxBackend:
 
     def from_host(self, value: np.ndarray) -> Any:
         return self.jnp.asarray(value)
+
+    def check_dtype(self, op: Op) -> None:
+        """64-bit dtypes need JAX's x64 mode; without it JAX would silently narrow them."""
+        if self.jax.config.jax_enable_x64:
+            return
+        wide = [t.dtype for t in op.outputs if np.dtype(t.dtype).itemsize == 8]
+        if wide:
+            raise TempoError(f"{op.name} produces {wide[0]}, which JAX narrows to 32 bits unless "
+                             f"x64 is enabled (JAX_ENABLE_X64=1); use a 32-bit dtype or the numpy "
+                             f"backend", op.site)
 
     def to_host(self, value: Any) -> np.ndarray:
         return np.asarray(value)

@@ -109,6 +109,8 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
 
     graph = ctx.graph
     for rt in outputs:
+        if not hasattr(rt, "key") or not hasattr(rt, "ctx"):
+            raise TempoError(f"outputs must be recurrent tensors, got {rt!r}")
         if rt.ctx is not ctx:
             raise TempoError(f"output {rt!r} belongs to another context", rt.op.site)
     values = resolve_bounds(graph, ctx.bound_of, bounds)
@@ -118,6 +120,8 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     roots = [rt.op for rt in outputs] + [op for op in graph.ops.values() if op.kind == "udf"]
     stage("check")
     runtime = make_backend(backend)
+    for op in graph.ops.values():
+        runtime.check_dtype(op)
     stage("backend")
     schedule = build_schedule(graph, values, ctx.bound_of, roots, {rt.op.id for rt in outputs})
     stage("schedule")

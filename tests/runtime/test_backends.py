@@ -1,0 +1,36 @@
+"""Backend-specific behaviour: dtype support and agreement on the same program."""
+
+import numpy as np
+import pytest
+
+import tempo as tp
+
+
+def _float64_program():
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        a = tp.symbol_value(t).astype("float64") * 1.5
+    return ctx, T, a
+
+
+def test_numpy_backend_keeps_64_bit_dtypes():
+    ctx, T, a = _float64_program()
+    got = ctx.compile({T: 3}, [a], backend="numpy").run()[a]
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, np.arange(3) * 1.5)
+
+
+def test_jax_backend_rejects_64_bit_dtypes_without_x64():
+    import jax
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is enabled in this process")
+    ctx, T, a = _float64_program()
+    with pytest.raises(tp.TempoError, match="x64"):
+        ctx.compile({T: 3}, [a], backend="jax")
+
+
+def test_unknown_backend_is_named():
+    ctx, T, a = _float64_program()
+    with pytest.raises(tp.TempoError, match="unknown backend 'torch'"):
+        ctx.compile({T: 3}, [a], backend="torch")
