@@ -15,7 +15,7 @@ import numpy as np
 from tempo.api.context import Context
 from tempo.api.tensor import RecurrentTensor
 from tempo.errors import OutOfRangeError, TempoError, UndefinedPointError, UnschedulableError
-from tempo.ir.graph import Edge, Op
+from tempo.ir.graph import Edge, Op, program_roots
 from tempo.ir.ops import resolve_params
 from tempo.ir.validate import check_placeholders, resolve_bounds
 from tempo.symbolic.expr import Slice, Symbol
@@ -27,16 +27,17 @@ Key = tuple[int, Point]
 class ReferenceEvaluator:
     """Evaluates the program of ``ctx`` for concrete ``bounds``."""
 
-    def __init__(self, ctx: Context, bounds: dict):
+    def __init__(self, ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor] = ()):
         self.ctx = ctx
-        self.graph = ctx.graph
+        self.outputs = list(outputs)
+        self.graph = ctx.graph.reachable_from(program_roots(ctx.graph, [rt.op for rt in outputs]))
         self.bounds = resolve_bounds(self.graph, ctx.bound_of, bounds)
         check_placeholders(self.graph)
         self.memo: dict[Key, tuple[np.ndarray, ...]] = {}
 
     # ---- public -------------------------------------------------------------------------
-    def run(self, outputs: Sequence[RecurrentTensor] = ()) -> dict[tuple[int, int], np.ndarray]:
-        """Values of ``outputs`` at every point (arrays of shape ``(*bounds, *spatial)``).
+    def run(self) -> dict[tuple[int, int], np.ndarray]:
+        """Values of the outputs at every point (arrays of shape ``(*bounds, *spatial)``).
 
         UDF ops run at every point of their domain, as in a compiled program.
         """
@@ -45,7 +46,7 @@ class ReferenceEvaluator:
                 for point in self.box(op):
                     self.value(op, point)
         results = {}
-        for rt in outputs:
+        for rt in self.outputs:
             points = list(self.box(rt.op))
             values = [self.value(rt.op, p)[rt.out] for p in points]
             dims = tuple(self.bounds[self.ctx.bound_of[d]] for d in rt.domain)
@@ -126,8 +127,7 @@ class ReferenceEvaluator:
             return (inputs[0],)
         definition = op.definition
         if definition.host:
-            point_env = {**self.bounds, **dict(zip(op.domain, key[1]))}
-            out = definition.kernel(op.params, point_env, *inputs)
+            out = definition.kernel(op.params, env, *inputs)
         else:
             out = definition.kernel(np, resolve_params(op.params, env), *inputs)
         outs = tuple(np.asarray(o) for o in (out if definition.multi_output else (out,)))
@@ -165,4 +165,4 @@ def _fmt_point(op: Op, point: Any) -> str:
 
 def evaluate(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor]) -> dict:
     """Reference values of ``outputs``; keyed like ``Executable.run()`` results."""
-    return ReferenceEvaluator(ctx, bounds).run(outputs)
+    return ReferenceEvaluator(ctx, bounds, outputs).run()

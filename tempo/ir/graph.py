@@ -102,6 +102,21 @@ class SDG:
             out[e.src.id].append(e)
         return out
 
+    def reachable_from(self, roots: list[Op]) -> SDG:
+        """The subgraph of ``roots`` and every op they read, transitively (same op objects)."""
+        seen: set[int] = set()
+        stack = [op.id for op in roots]
+        while stack:
+            k = stack.pop()
+            if k not in seen:
+                seen.add(k)
+                stack.extend(e.src.id for e in self.inputs[k])
+        sub = SDG()
+        for k in sorted(seen):
+            sub.ops[k] = self.ops[k]
+            sub.inputs[k] = list(self.inputs[k])
+        return sub
+
     def __len__(self) -> int:
         return len(self.ops)
 
@@ -126,3 +141,8 @@ class SDG:
             lines.append(f'  op{e.src.id} -> op{e.sink.id} [label="{label}"];')
         lines.append("}")
         return "\n".join(lines)
+
+
+def program_roots(graph: SDG, output_ops: list[Op]) -> list[Op]:
+    """Ops whose every point runs: the outputs' ops and every UDF (sinks included)."""
+    return [*output_ops, *(op for op in graph.ops.values() if op.kind == "udf")]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tempo.errors import TempoError
-from tempo.ir.graph import SDG, Edge, Op
+from tempo.ir.graph import SDG, Edge, Op, program_roots
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
 from tempo.runtime.backends import make_backend
@@ -107,17 +107,17 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
         report.stages[name] = now - clock
         clock = now
 
-    graph = ctx.graph
     for rt in outputs:
         if not hasattr(rt, "key") or not hasattr(rt, "ctx"):
             raise TempoError(f"outputs must be recurrent tensors, got {rt!r}")
         if rt.ctx is not ctx:
             raise TempoError(f"output {rt!r} belongs to another context", rt.op.site)
+    outputs = list(outputs)
+    roots = program_roots(ctx.graph, [rt.op for rt in outputs])
+    graph = ctx.graph.reachable_from(roots)
     values = resolve_bounds(graph, ctx.bound_of, bounds)
     check_graph(graph, ctx.bound_of)
     check_placeholders(graph)
-    outputs = list(outputs)
-    roots = [rt.op for rt in outputs] + [op for op in graph.ops.values() if op.kind == "udf"]
     stage("check")
     runtime = make_backend(backend)
     for op in graph.ops.values():

@@ -71,3 +71,18 @@ def test_dot_export_lists_every_op_and_edge():
     assert dot.startswith("digraph sdg {") and dot.rstrip().endswith("}")
     assert all(f"op{op.id} [" in dot for op in ctx.graph.ops.values())
     assert dot.count("->") == sum(1 for _ in ctx.graph.edges())
+
+
+def test_compile_checks_only_what_the_outputs_need():
+    """An unrelated unassigned placeholder and an unrelated dim's bound block nothing."""
+    ctx = tp.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        tp.placeholder(shape=(), domain=(t,))          # never assigned, never read
+        tp.symbol_value(i) * 2                         # needs I, never read
+        b = tp.symbol_value(t) + 1
+    for backend in ("numpy", "jax"):
+        np.testing.assert_array_equal(ctx.compile({T: 3}, [b], backend=backend).run()[b], [1, 2, 3])
+    from tempo.reference import evaluate
+    np.testing.assert_array_equal(evaluate(ctx, {T: 3}, [b])[b.key], [1, 2, 3])
