@@ -207,8 +207,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
 def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
                   backend: Any) -> Launcher:
     """The function that executes ``op`` at a point."""
-    reads = [(stores[(e.src.id, e.src_out)].read, compile_function(e.phi, op.domain, bounds))
-             for e in edges]
+    reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices)),
+              compile_function(e.phi, op.domain, bounds)) for e in edges]
     writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
     if op.kind == "merge":
         return _merge_launcher(op, edges, reads, writes[0], bounds)

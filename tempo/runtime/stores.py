@@ -33,6 +33,10 @@ class PointStore:
                 stats.peak = stats.live
         self.data[point] = value
 
+    def reader(self, slices: bool) -> Callable[[tuple], Any]:
+        """The read function for an edge: point reads are a plain dict lookup."""
+        return self.read if slices else self.data.__getitem__
+
     def read(self, index: tuple) -> Any:
         if not any(isinstance(i, slice) for i in index):
             return self.data[index]
@@ -78,6 +82,12 @@ class BlockStore:
             self.written[prefix].add(k)
             self.stats.live += 1
             self.stats.peak = max(self.stats.peak, self.stats.live)
+
+    def reader(self, slices: bool) -> Callable[[tuple], Any]:
+        return self.read if slices else self.read_point
+
+    def read_point(self, index: tuple) -> Any:
+        return self.blocks[index[:-1]][index[-1]]
 
     def read(self, index: tuple) -> Any:
         prefix, last = index[:-1], index[-1]

@@ -7,7 +7,7 @@ from statement names to ops is kept in a dict, never parsed back from names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import islpy as isl
 
@@ -48,7 +48,6 @@ class Polyhedral:
     bounds: dict[Symbol, int]
     bound_of: dict[Symbol, Symbol]
     parametric: bool = False
-    statements: dict[str, Op] = field(default_factory=dict)
 
     @property
     def params(self) -> dict[Symbol, str]:
@@ -78,10 +77,14 @@ class Polyhedral:
     def _bound(self, b: Symbol) -> str:
         return self.params[b] if self.parametric else str(self.bounds[b])
 
-    def name(self, op: Op) -> str:
-        name = f"S{op.id}"
-        self.statements[name] = op
-        return name
+    @property
+    def statements(self) -> dict[str, Op]:
+        """isl statement name of every op."""
+        return {self.name(op): op for op in self.graph.ops.values()}
+
+    @staticmethod
+    def name(op: Op) -> str:
+        return f"S{op.id}"
 
     def _vars(self, op: Op, prefix: str) -> dict[Symbol, str]:
         return {d: f"{prefix}{k}" for k, d in enumerate(op.domain)}

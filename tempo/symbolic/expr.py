@@ -8,6 +8,7 @@ truth value (used by dicts and ``in``) is structural identity.
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Union
@@ -30,7 +31,7 @@ class Expr:
     """An immutable symbolic expression node: ``op`` and ``args``."""
 
     __slots__ = ("op", "args", "_hash", "__weakref__")
-    _cache: dict[tuple, Expr] = {}
+    _cache: weakref.WeakValueDictionary[tuple, Expr] = weakref.WeakValueDictionary()
 
     op: str
     args: tuple
