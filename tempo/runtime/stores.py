@@ -60,26 +60,30 @@ class BlockStore:
     """A preallocated buffer along the innermost dim for each prefix point.
 
     For RTs read through slices of their innermost dim (``x[0:t+1]``, ``x[t:T]``,
-    windows): a slice read is one buffer slice instead of a stack of points. Buffers are
-    host (NumPy) memory: their readers have point-varying shapes, which run on the host
-    until tiling makes them static.
+    windows): a slice read is one buffer slice instead of a stack of points. A buffer is
+    released once each of its rows has been written and freed (reallocating it whenever
+    it is momentarily empty would cost O(T) per step). Buffers are host (NumPy) memory:
+    their readers have point-varying shapes, which run on the host until tiling makes
+    them static.
     """
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str):
         self.stats = stats
         self.length, self.shape, self.dtype = length, shape, dtype
         self.blocks: dict[tuple[int, ...], Any] = {}
-        self.written: dict[tuple[int, ...], set[int]] = {}
+        self.live: dict[tuple[int, ...], set[int]] = {}
+        self.produced: dict[tuple[int, ...], set[int]] = {}
 
     def write(self, point: tuple[int, ...], value: Any) -> None:
         prefix, k = point[:-1], point[-1]
         block = self.blocks.get(prefix)
         if block is None:
             block = self.blocks[prefix] = np.zeros((self.length, *self.shape), self.dtype)
-            self.written[prefix] = set()
+            self.live[prefix], self.produced[prefix] = set(), set()
         block[k] = np.asarray(value)
-        if k not in self.written[prefix]:
-            self.written[prefix].add(k)
+        self.produced[prefix].add(k)
+        if k not in self.live[prefix]:
+            self.live[prefix].add(k)
             self.stats.live += 1
             self.stats.peak = max(self.stats.peak, self.stats.live)
 
@@ -103,10 +107,10 @@ class BlockStore:
 
     def free(self, point: tuple[int, ...]) -> None:
         prefix, k = point[:-1], point[-1]
-        written = self.written.get(prefix)
-        if written is None or k not in written:
+        live = self.live.get(prefix)
+        if live is None or k not in live:
             return
-        written.discard(k)
+        live.discard(k)
         self.stats.live -= 1
-        if not written:
-            del self.blocks[prefix], self.written[prefix]
+        if not live and len(self.produced[prefix]) == self.length:
+            del self.blocks[prefix], self.live[prefix], self.produced[prefix]

@@ -25,9 +25,13 @@ def invert_dependence(
 ) -> tuple[IndexEntry, ...]:
     """The inverse of ``phi`` (one entry per source dim) as one entry per sink dim.
 
-    ``bounds`` maps each dim symbol to its bound symbol. The result is exact when the set
-    of reading sink points is a box (true for the per-dim patterns of RT programs);
-    otherwise ``UnsupportedExpressionError`` is raised.
+    ``bounds`` maps each dim symbol to its bound symbol. The result is exact at every
+    source point that some sink point reads; at source points nobody reads (``[T-1]``
+    read at ``t = 0``) it is unspecified, so a caller summing over the inverse must also
+    restrict to the range of ``phi``. The set of reading sink points must be a box of
+    ranges (true for the per-dim patterns of RT programs); strided or diagonal reader sets
+    raise ``UnsupportedExpressionError``. A dependence that reads nothing inverts to empty
+    slices.
     """
     if len(phi) != len(source_dims):
         raise ValueError("phi needs one entry per source dim")
@@ -73,7 +77,8 @@ def _require_box(readers: isl.Set) -> None:
             f"the sink points reading a source point do not form a box: {readers}")
     if not isl.Set.from_basic_set(readers.polyhedral_hull()).is_equal(readers):
         raise UnsupportedExpressionError(
-            f"the sink points reading a source point are strided, not a range: {readers}")
+            f"the sink points reading a source point are not one range (strided or "
+            f"piecewise): {readers}")
 
 
 def _project_keep(s: isl.Set, k: int) -> isl.Set:
