@@ -465,3 +465,12 @@ def test_sink_may_return_a_value():
         tp.sink(tp.symbol_value(t), lambda v, p: seen.setdefault(p["t"], int(v)))
     ctx.compile({T: 3}, [], backend="numpy").run()
     assert seen == {0: 0, 1: 1, 2: 2}
+
+
+def test_output_whose_shape_varies_with_the_point_is_rejected_at_compile():
+    ctx, t, T = _ctx_t()
+    with ctx:
+        x = tp.symbol_value(t)
+        prefix = x[0:t + 1]
+    with pytest.raises(tp.TempoError, match="varies with the point"):
+        ctx.compile({T: 3}, [prefix], backend="numpy")

@@ -124,6 +124,7 @@ class RecurrentTensor:
         return self._apply("maximum", 0)
 
     def astype(self, dtype: Any) -> RecurrentTensor:
+        """The values converted to ``dtype``."""
         return self._apply("astype", dtype=dtype_name(dtype))
 
     # ---- reductions and scans ---------------------------------------------------------
@@ -137,18 +138,23 @@ class RecurrentTensor:
         return self._reduce("sum", dim, keepdim)
 
     def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
+        """Mean over spatial ``dim`` (all by default)."""
         return self._reduce("mean", dim, keepdim)
 
     def max(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
+        """Maximum over spatial ``dim`` (all by default)."""
         return self._reduce("max", dim, keepdim)
 
     def min(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
+        """Minimum over spatial ``dim`` (all by default)."""
         return self._reduce("min", dim, keepdim)
 
     def prod(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
+        """Product over spatial ``dim`` (all by default)."""
         return self._reduce("prod", dim, keepdim)
 
     def cumsum(self, dim: int = 0) -> RecurrentTensor:
+        """Cumulative sum along spatial ``dim``."""
         return self._apply("cumsum", dim=dim)
 
     def discounted_sum(self, gamma: float, dim: int = 0) -> RecurrentTensor:
@@ -157,18 +163,23 @@ class RecurrentTensor:
 
     # ---- layout -----------------------------------------------------------------------
     def reshape(self, *shape: ExprLike | Sequence[ExprLike]) -> RecurrentTensor:
+        """Same data, new spatial shape (sizes may be symbolic)."""
         return self._apply("reshape", shape=_shape_arg(shape))
 
     def permute(self, *dims: int | Sequence[int]) -> RecurrentTensor:
+        """Reorder the spatial dims."""
         return self._apply("permute", dims=tuple(_shape_arg(dims, ints=True)))
 
     def expand(self, *shape: ExprLike | Sequence[ExprLike]) -> RecurrentTensor:
+        """Broadcast to ``shape`` (sizes may be symbolic)."""
         return self._apply("expand", shape=_shape_arg(shape))
 
     def squeeze(self, dim: int = 0) -> RecurrentTensor:
+        """Remove spatial ``dim`` of size 1."""
         return self._apply("squeeze", dim=dim)
 
     def unsqueeze(self, dim: int = 0) -> RecurrentTensor:
+        """Insert a spatial dim of size 1 at ``dim``."""
         return self._apply("unsqueeze", dim=dim)
 
     def gather(self, index: RecurrentTensor, dim: int = -1) -> RecurrentTensor:

@@ -323,7 +323,10 @@ def _infer_take(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
     return (TensorType(x.shape[:dim] + idx.shape + x.shape[dim + 1:], x.dtype),)
 
 
-register("take", _infer_take, lambda xp, p, x, idx: xp.take(x, idx, axis=p["dim"]))
+# Tensor-valued indices are data: they cannot be checked before running, and a jitted
+# kernel cannot raise, so both backends clamp them into range (symbolic and constant
+# indices are checked at compile time and at definition).
+register("take", _infer_take, lambda xp, p, x, idx: xp.take(x, idx, axis=p["dim"], mode="clip"))
 
 
 def _infer_take_along(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
@@ -334,7 +337,8 @@ def _infer_take_along(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorT
 
 
 register("gather", _infer_take_along,
-         lambda xp, p, x, idx: xp.take_along_axis(x, idx, axis=p["dim"]))
+         lambda xp, p, x, idx: xp.take_along_axis(x, xp.clip(idx, 0, x.shape[p["dim"]] - 1),
+                                                  axis=p["dim"]))
 
 
 # ---- sources ----------------------------------------------------------------------------

@@ -112,6 +112,11 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
             raise TempoError(f"outputs must be recurrent tensors, got {rt!r}")
         if rt.ctx is not ctx:
             raise TempoError(f"output {rt!r} belongs to another context", rt.op.site)
+        varying = [d for d in rt.shape if d.symbols() & set(ctx.dims)]
+        if varying:
+            raise TempoError(f"output {rt!r} has a shape that varies with the point "
+                             f"({', '.join(map(str, varying))}); outputs are stacked into one "
+                             f"array, so reduce it or read it through tp.sink", rt.op.site)
     outputs = list(outputs)
     roots = program_roots(ctx.graph, [rt.op for rt in outputs])
     graph = ctx.graph.reachable_from(roots)

@@ -75,3 +75,15 @@ def test_op_matches_numpy(name, backend):
     assert got.dtype == want.dtype == ref.dtype, (got.dtype, want.dtype, ref.dtype)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_tensor_indices_out_of_range_are_clamped_on_every_backend(backend):
+    ctx = tp.Context(dims=("t",))
+    (T,) = ctx.bounds
+    with ctx:
+        x = tp.const(np.array([10.0, 20.0], np.float32))
+        picked = x[tp.const(np.array([0, 5, -3], np.int32))]
+    got = ctx.compile({T: 1}, [picked], backend=backend).run()[picked]
+    np.testing.assert_array_equal(got, np.take([10.0, 20.0], [0, 5, -3], mode="clip"))
+    np.testing.assert_array_equal(evaluate(ctx, {T: 1}, [picked])[picked.key], got)
