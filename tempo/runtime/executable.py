@@ -76,8 +76,7 @@ class Executable:
     def run(self) -> Results:
         """Execute every statement of the schedule; return the outputs' values."""
         self.stats = MemoryStats()
-        stores = _make_stores(self.graph, self.schedule, self.bounds, self.ctx.bound_of,
-                              self.backend, self.stats)
+        stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
                                      self.backend)
         self._program(namespace)
@@ -88,10 +87,6 @@ class Executable:
         sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]
         values = [self.backend.to_host(store.read(p))
                   for p in itertools.product(*(range(n) for n in sizes))]
-        shapes = {v.shape for v in values}
-        if len(shapes) != 1:
-            raise TempoError(f"output {rt!r} has a different shape at different points; "
-                             f"read it through a sink (tp.sink) instead", rt.op.site)
         return np.stack(values).reshape((*sizes, *values[0].shape))
 
 
@@ -107,17 +102,8 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
         report.stages[name] = now - clock
         clock = now
 
-    for rt in outputs:
-        if not hasattr(rt, "key") or not hasattr(rt, "ctx"):
-            raise TempoError(f"outputs must be recurrent tensors, got {rt!r}")
-        if rt.ctx is not ctx:
-            raise TempoError(f"output {rt!r} belongs to another context", rt.op.site)
-        varying = [d for d in rt.shape if d.symbols() & set(ctx.dims)]
-        if varying:
-            raise TempoError(f"output {rt!r} has a shape that varies with the point "
-                             f"({', '.join(map(str, varying))}); outputs are stacked into one "
-                             f"array, so reduce it or read it through tp.sink", rt.op.site)
     outputs = list(outputs)
+    _check_outputs(ctx, outputs)
     roots = program_roots(ctx.graph, [rt.op for rt in outputs])
     graph = ctx.graph.reachable_from(roots)
     values = resolve_bounds(graph, ctx.bound_of, bounds)
@@ -133,6 +119,20 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     exe = Executable(ctx, graph, values, outputs, schedule, runtime, report)
     stage("codegen")
     return exe
+
+
+def _check_outputs(ctx: Context, outputs: list[RecurrentTensor]) -> None:
+    """Outputs are RTs of this context with one spatial shape at every point."""
+    for rt in outputs:
+        if not hasattr(rt, "key") or not hasattr(rt, "ctx"):
+            raise TempoError(f"outputs must be recurrent tensors, got {rt!r}")
+        if rt.ctx is not ctx:
+            raise TempoError(f"output {rt!r} belongs to another context", rt.op.site)
+        varying = [d for d in rt.shape if d.symbols() & set(ctx.dims)]
+        if varying:
+            raise TempoError(f"output {rt!r} has a shape that varies with the point "
+                             f"({', '.join(map(str, varying))}); outputs are stacked into one "
+                             f"array, so reduce it or read it through tp.sink", rt.op.site)
 
 
 # ---- code generation ----------------------------------------------------------------------
@@ -180,8 +180,8 @@ def _free(op: Op, stores: dict) -> Callable:
 
 
 # ---- stores ------------------------------------------------------------------------------
-def _make_stores(graph: SDG, schedule: Schedule, bounds: dict[Symbol, int],
-                 bound_of: dict[Symbol, Symbol], backend: Any, stats: MemoryStats) -> dict:
+def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
+                 backend: Any, stats: MemoryStats) -> dict:
     consumers = graph.consumers()
     stores = {}
     for op in graph.ops.values():
