@@ -17,6 +17,7 @@ from tempo.api.tensor import RecurrentTensor
 from tempo.errors import OutOfRangeError, TempoError, UndefinedPointError, UnschedulableError
 from tempo.ir.graph import Edge, Op, program_roots
 from tempo.ir.ops import resolve_params
+from tempo.ir.readers import compile_reader_sum, reader_points
 from tempo.ir.validate import check_placeholders, resolve_bounds
 from tempo.symbolic.expr import Slice, Symbol
 
@@ -34,6 +35,7 @@ class ReferenceEvaluator:
         self.bounds = resolve_bounds(self.graph, ctx.bound_of, bounds)
         check_placeholders(self.graph)
         self.memo: dict[Key, tuple[np.ndarray, ...]] = {}
+        self._reader_sums: dict[int, Any] = {}
 
     # ---- public -------------------------------------------------------------------------
     def run(self) -> dict[tuple[int, int], np.ndarray]:
@@ -96,6 +98,10 @@ class ReferenceEvaluator:
                     f"{op.name} is not defined at {_fmt_point(op, point)}: no branch condition "
                     f"holds there; add a branch (e.g. a base case)", op.site)
             edges = [taken]
+        if op.kind == "sum_readers":
+            (edge,) = edges
+            keys = reader_points(op.params["reads"], op.domain, env) if edge.cond.evaluate(env) else []
+            return [(edge, [(edge.src.id, p) for p in keys])]
         return [(e, self._source_points(e, env, point)) for e in edges]
 
     def _source_points(self, edge: Edge, env: dict[Symbol, int], point: Point) -> list[Key]:
@@ -122,6 +128,8 @@ class ReferenceEvaluator:
         for cond, what in op.requires:
             if not cond.evaluate(env):
                 raise OutOfRangeError(f"{op.name} at {_fmt_point(op, key[1])}: {what}", op.site)
+        if op.kind == "sum_readers":
+            return (self._sum_readers(op, key[1], reads[0]),)
         inputs = [self._gather(e, keys, env) for e, keys in reads]
         if op.kind == "merge":
             return (inputs[0],)
@@ -133,6 +141,17 @@ class ReferenceEvaluator:
         outs = tuple(np.asarray(o) for o in (out if definition.multi_output else (out,)))
         self._check_types(op, outs, env)
         return outs
+
+    def _sum_readers(self, op: Op, point: Point, read: tuple[Edge, list[Key]]) -> np.ndarray:
+        edge, keys = read
+        if not keys:
+            shape = tuple(d.evaluate(self.env(op, point)) for d in op.outputs[0].shape)
+            return np.zeros(shape, op.outputs[0].dtype)
+        accumulate = self._reader_sums.get(op.id)
+        if accumulate is None:
+            accumulate = compile_reader_sum(op.params["reads"], op.domain, self.bounds)
+            self._reader_sums[op.id] = accumulate
+        return np.asarray(accumulate(point, lambda p: self.memo[(edge.src.id, p)][edge.src_out]))
 
     def _gather(self, edge: Edge, keys: list[Key], env: dict[Symbol, int]) -> np.ndarray:
         values = [self.memo[k][edge.src_out] for k in keys]

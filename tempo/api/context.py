@@ -34,6 +34,10 @@ class Context:
         self.bound_of: dict[Symbol, Symbol] = dict(zip(self.dims, self.bounds))
         self.seed = seed
         self.graph = SDG()
+        self.leaves: set[int] = set()
+        """Ops whose output is differentiated against (``requires_grad``)."""
+        self.grads: dict[tuple[int, int], RecurrentTensor] = {}
+        """The gradient RT of each leaf, set by ``backward()``."""
 
     # ---- activation -------------------------------------------------------------------
     def __enter__(self) -> Context:
@@ -69,8 +73,9 @@ class Context:
     # ---- graph building ---------------------------------------------------------------
     def add_op(self, kind: str, inputs: Sequence[RecurrentTensor], params: dict[str, Any],
                domain: Iterable[Symbol] = (), phis: Sequence[tuple[IndexEntry, ...]] | None = None,
-               label: str = "") -> Op:
-        """Add an op reading ``inputs`` (at identity unless ``phis`` says otherwise)."""
+               label: str = "", conds: Sequence[Expr] | None = None) -> Op:
+        """Add an op reading ``inputs`` (at identity unless ``phis`` says otherwise, where
+        ``conds`` hold when given)."""
         site = user_site()
         if phis is None:
             from_params = [s for s in param_symbols(params) if s in self.bound_of]
@@ -85,7 +90,8 @@ class Context:
         op = self.graph.add_op(Op(len(self.graph.ops), kind, params, tuple(domain),
                                   tuple(out_types), site, label))
         for k, (x, phi) in enumerate(zip(inputs, phis)):
-            self.graph.add_edge(Edge(op, k, x.op, x.out, tuple(phi)))
+            cond = TRUE if conds is None else conds[k]
+            self.graph.add_edge(Edge(op, k, x.op, x.out, tuple(phi), cond))
         return op
 
     def add_branch(self, merge: Op, value: RecurrentTensor, phi: tuple[IndexEntry, ...],

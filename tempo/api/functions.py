@@ -15,9 +15,11 @@ from tempo.ir.types import TensorType, dtype_name
 from tempo.symbolic.expr import ExprLike, Symbol, as_expr, maximum, minimum
 
 
-def const(value: Any, dtype: Any = None) -> RecurrentTensor:
-    """A constant tensor (empty domain). float64 and int64 arrays become float32 and int32."""
-    return constant(active_context(), value, dtype)
+def const(value: Any, dtype: Any = None, requires_grad: bool = False) -> RecurrentTensor:
+    """A constant tensor (empty domain). float64 and int64 arrays become float32 and int32.
+
+    With ``requires_grad``, ``backward()`` computes its gradient (``x.grad``)."""
+    return constant(active_context(), value, dtype, requires_grad)
 
 
 def placeholder(shape: Sequence[ExprLike] = (), dtype: Any = "float32",

@@ -123,6 +123,62 @@ class RecurrentTensor:
     def relu(self) -> RecurrentTensor:
         return self._apply("maximum", 0)
 
+    def square(self) -> RecurrentTensor:
+        return self * self
+
+    def softplus(self) -> RecurrentTensor:
+        """``log(1 + exp(x))``, computed without overflow."""
+        return self.relu() + (-self.abs()).exp().log1p()
+
+    def log1p(self) -> RecurrentTensor:
+        return (1.0 + self).log()
+
+    def clip(self, low: Any, high: Any) -> RecurrentTensor:
+        """Values limited to ``[low, high]``."""
+        return self._apply("maximum", low)._apply("minimum", high)
+
+    def logsumexp(self, dim: int = -1, keepdim: bool = False) -> RecurrentTensor:
+        """``log(sum(exp(x), dim))``, shifted by the maximum for stability."""
+        top = self.max(dim, keepdim=True).detach()
+        out = (self - top).exp().sum(dim, keepdim=True).log() + top
+        return out if keepdim else out.squeeze(dim)
+
+    def log_softmax(self, dim: int = -1) -> RecurrentTensor:
+        return self - self.logsumexp(dim, keepdim=True)
+
+    def softmax(self, dim: int = -1) -> RecurrentTensor:
+        return self.log_softmax(dim).exp()
+
+    def argmax(self, dim: int = -1) -> RecurrentTensor:
+        """Index of the largest entry along spatial ``dim`` (int32)."""
+        return self._apply("argmax", dim=dim)
+
+    # ---- autodiff ---------------------------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        """Whether ``backward()`` computes a gradient for this tensor (a leaf)."""
+        return self.op.id in self.ctx.leaves
+
+    @property
+    def grad(self) -> RecurrentTensor:
+        """The gradient RT set by ``backward()`` (same shape, domain extended by the
+        loss's domain)."""
+        grad = self.ctx.grads.get(self.key)
+        if grad is None:
+            reason = ("call backward() on a loss that depends on it first" if self.requires_grad
+                      else "it does not require grad (tp.const(..., requires_grad=True))")
+            raise TempoError(f"{self!r} has no gradient: {reason}", user_site())
+        return grad
+
+    def detach(self) -> RecurrentTensor:
+        """The same values, as a constant for differentiation."""
+        return self._apply("detach")
+
+    def backward(self) -> None:
+        """Differentiate this scalar loss; sets ``.grad`` of every leaf it depends on."""
+        from tempo.api.autodiff import backward
+        backward(self)
+
     def astype(self, dtype: Any) -> RecurrentTensor:
         """The values converted to ``dtype``."""
         return self._apply("astype", dtype=dtype_name(dtype))
@@ -378,7 +434,8 @@ def _scalar_dtype(value: Scalar | np.number, like: str) -> str:
     return like if kind == "f" else "float32"
 
 
-def constant(ctx: Context, value: Any, dtype: Any = None) -> RecurrentTensor:
+def constant(ctx: Context, value: Any, dtype: Any = None,
+             requires_grad: bool = False) -> RecurrentTensor:
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise ShapeError(f"cannot make a tensor of {array.dtype} values", user_site())
@@ -388,7 +445,18 @@ def constant(ctx: Context, value: Any, dtype: Any = None) -> RecurrentTensor:
         array = array.astype(np.float32)
     elif array.dtype == np.int64:
         array = array.astype(np.int32)
-    return RecurrentTensor(ctx, ctx.add_op("const", [], {"value": array}, label="const"))
+    op = ctx.add_op("const", [], {"value": array}, label="const")
+    if requires_grad:
+        if array.dtype.kind != "f":
+            raise TempoError(f"only floating-point tensors can require grad, got {array.dtype}",
+                             user_site())
+        ctx.leaves.add(op.id)
+    return RecurrentTensor(ctx, op)
+
+
+def arange(ctx: Context, size: ExprLike, dtype: str = "int32") -> RecurrentTensor:
+    """``0, 1, ..., size-1`` (``size`` may be symbolic)."""
+    return RecurrentTensor(ctx, ctx.add_op("arange", [], {"size": as_expr(size), "dtype": dtype}))
 
 
 def symbol_value(ctx: Context, expr: ExprLike, dtype: str = "int32") -> RecurrentTensor:

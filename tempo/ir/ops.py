@@ -36,6 +36,8 @@ class OpDef:
     kernel: Kernel | None
     host: bool = False
     multi_output: bool = False
+    conditional_inputs: bool = False
+    """Whether input edges may carry a condition (merge branches, reader sums)."""
 
 
 OPS: dict[str, OpDef] = {}
@@ -341,11 +343,75 @@ register("gather", _infer_take_along,
                                                   axis=p["dim"]))
 
 
+def _infer_pad(x: TensorType, dim: int, before: Expr, after: Expr) -> tuple[TensorType]:
+    dim = normalize_dim(dim, x.ndim)
+    size = as_expr(before) + x.shape[dim] + as_expr(after)
+    return (TensorType(x.shape[:dim] + (size,) + x.shape[dim + 1:], x.dtype),)
+
+
+def _pad(xp: Any, p: dict, x: Any) -> Any:
+    widths = [(0, 0)] * x.ndim
+    widths[p["dim"] % x.ndim] = (p["before"], p["after"])
+    return xp.pad(x, widths)
+
+
+register("pad", _infer_pad, _pad)  # zeros before and after along ``dim``
+
+
+def _infer_argmax(x: TensorType, dim: int) -> tuple[TensorType]:
+    return _infer_reduce(x, (dim,), False, "int32")
+
+
+register("argmax", _infer_argmax,
+         lambda xp, p, x: xp.argmax(x, axis=p["dim"]).astype("int32"))
+
+
+def _infer_scatter_take(g: TensorType, idx: TensorType, dim: int, size: Expr) -> tuple[TensorType]:
+    shape = g.shape[:dim] + (as_expr(size),) + g.shape[dim + idx.ndim:]
+    return (TensorType(shape, g.dtype),)
+
+
+def _scatter_take(xp: Any, p: dict, g: Any, idx: Any) -> Any:
+    """The transpose of ``take``: ``g`` summed into zeros at the (clipped) indices."""
+    dim, size = p["dim"], p["size"]
+    shape = g.shape[:dim] + (size,) + g.shape[dim + idx.ndim:]
+    where = (slice(None),) * dim + (xp.clip(idx, 0, size - 1),)
+    if xp is np:
+        out = np.zeros(shape, g.dtype)
+        np.add.at(out, where, g)
+        return out
+    return xp.zeros(shape, g.dtype).at[where].add(g)
+
+
+register("scatter_take", _infer_scatter_take, _scatter_take)
+
+
+def _infer_scatter_gather(g: TensorType, idx: TensorType, dim: int, shape: Shape) -> tuple[TensorType]:
+    return (TensorType(tuple(as_expr(d) for d in shape), g.dtype),)
+
+
+def _scatter_gather(xp: Any, p: dict, g: Any, idx: Any) -> Any:
+    """The transpose of ``gather``: a one-hot sum along ``dim``."""
+    dim = p["dim"] % g.ndim
+    size = p["shape"][dim]
+    g_last, idx_last = xp.moveaxis(g, dim, -1), xp.moveaxis(xp.clip(idx, 0, size - 1), dim, -1)
+    onehot = idx_last[..., None] == xp.arange(size)
+    out = (g_last[..., None] * onehot.astype(g.dtype)).sum(axis=-2)
+    return xp.broadcast_to(xp.moveaxis(out, -1, dim), tuple(p["shape"])).astype(g.dtype)
+
+
+register("scatter_gather", _infer_scatter_gather, _scatter_gather)
+
+
 # ---- sources ----------------------------------------------------------------------------
 register("const", lambda value: (TensorType(value.shape, value.dtype.name),),
          lambda xp, p: xp.asarray(p["value"]))
 # Reads its input through the edge's dependence (points or stacked slices) unchanged.
 register("identity", lambda x, out_type=None: (out_type or x,), lambda xp, p, x: x)
+# The value unchanged; gradients do not flow through it.
+register("detach", _same, lambda xp, p, x: x)
+register("arange", lambda size, dtype: (TensorType((as_expr(size),), dtype),),
+         lambda xp, p: xp.arange(p["size"], dtype=p["dtype"]))
 
 
 def _eval_symbol(p: dict, point: dict, *inputs: Any) -> np.ndarray:
@@ -383,7 +449,10 @@ register("udf", lambda *inputs, out_types, **_: tuple(out_types), _udf, host=Tru
 
 # A MergeOp has no kernel: the runtime moves the input of the first branch whose
 # condition holds to its output.
-register("merge", lambda *branches, out_type: (out_type,), None)
+register("merge", lambda *branches, out_type: (out_type,), None, conditional_inputs=True)
+# A reader sum (autodiff's transpose of an edge) has no kernel either: at each point it
+# sums the gradient slices of every sink point that read it (see ``tempo.ir.readers``).
+register("sum_readers", lambda *inputs, out_type, **_: (out_type,), None, conditional_inputs=True)
 
 
 

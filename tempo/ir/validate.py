@@ -99,11 +99,13 @@ def _check_edge(op: Op, e: Edge, bounds: set[Symbol]) -> None:
             raise GraphError(f"{', '.join(s.name for s in stray)} is not in the sink's domain{where}")
     if not e.cond.is_bool:
         raise GraphError(f"edge condition {e.cond} is not boolean{where}")
-    if op.kind != "merge" and e.cond is not TRUE:
-        raise GraphError(f"only merge ops have conditional inputs{where}")
+    if not op.definition.conditional_inputs and e.cond is not TRUE:
+        raise GraphError(f"{op.kind} ops have no conditional inputs{where}")
 
 
 def _check_types(op: Op, edges: list[Edge]) -> None:
+    if op.kind == "sum_readers":
+        return
     in_types = [_read_type(e) for e in edges]
     if op.kind == "merge":
         out = op.outputs[0]

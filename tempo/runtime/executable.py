@@ -19,6 +19,7 @@ import numpy as np
 from tempo.errors import TempoError
 from tempo.ir.graph import SDG, Edge, Op, program_roots
 from tempo.ir.ops import param_symbols, resolve_params
+from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
 from tempo.runtime.backends import make_backend
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
@@ -212,6 +213,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
 def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
                   backend: Any) -> Launcher:
     """The function that executes ``op`` at a point."""
+    if op.kind == "sum_readers":
+        return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices)),
               compile_function(e.phi, op.domain, bounds)) for e in edges]
     writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
@@ -243,6 +246,21 @@ def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,
                 write(point, read(phi(*point)))
                 return
         raise TempoError(f"internal: no branch of {op.name} holds at {point}", op.site)
+    return launch
+
+
+def _reader_sum_launcher(op: Op, edge: Edge, stores: dict, bounds: dict[Symbol, int],
+                         backend: Any) -> Launcher:
+    accumulate = compile_reader_sum(op.params["reads"], op.domain, bounds)
+    read = stores[(edge.src.id, edge.src_out)].reader(False)
+    write = stores[(op.id, 0)].write
+    out = op.outputs[0]
+    shape = compile_function(out.shape, op.domain, bounds)
+    region = compile_function([edge.cond], op.domain, bounds)
+
+    def launch(point: tuple[int, ...]) -> None:
+        total = accumulate(point, read) if region(*point)[0] else None
+        write(point, backend.zeros(shape(*point), out.dtype) if total is None else total)
     return launch
 
 

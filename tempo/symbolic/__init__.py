@@ -13,7 +13,7 @@ from tempo.symbolic.expr import (
     maximum,
     minimum,
 )
-from tempo.symbolic.inversion import invert_dependence
+from tempo.symbolic.inversion import invert_dependence, read_condition
 
 __all__ = ["FALSE", "TRUE", "Expr", "IndexEntry", "Slice", "Symbol", "as_expr",
-           "compile_function", "const", "invert_dependence", "maximum", "minimum"]
+           "compile_function", "const", "invert_dependence", "maximum", "minimum", "read_condition"]

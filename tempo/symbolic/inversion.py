@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import islpy as isl
 
 from tempo.errors import UnsupportedExpressionError
-from tempo.symbolic.expr import Expr, IndexEntry, Slice, Symbol, as_expr
-from tempo.symbolic.isl_bridge import pw_aff_to_expr, to_isl
+from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, as_expr, const
+from tempo.symbolic.isl_bridge import from_isl_ast_expr, pw_aff_to_expr, to_isl
 
 
 def invert_dependence(
@@ -22,17 +22,49 @@ def invert_dependence(
     sink_dims: Sequence[Symbol],
     source_dims: Sequence[Symbol],
     bounds: dict[Symbol, Symbol],
+    cond: Expr = TRUE,
 ) -> tuple[IndexEntry, ...]:
     """The inverse of ``phi`` (one entry per source dim) as one entry per sink dim.
 
-    ``bounds`` maps each dim symbol to its bound symbol. The result is exact at every
-    source point that some sink point reads; at source points nobody reads (``[T-1]``
-    read at ``t = 0``) it is unspecified, so a caller summing over the inverse must also
-    restrict to the range of ``phi``. The set of reading sink points must be a box of
-    ranges (true for the per-dim patterns of RT programs); strided or diagonal reader sets
-    raise ``UnsupportedExpressionError``. A dependence that reads nothing inverts to empty
-    slices.
+    ``bounds`` maps each dim symbol to its bound symbol; ``cond`` (over the sink dims)
+    restricts the reading sink points. The result is exact at every source point that some
+    sink point reads; at source points nobody reads (``[T-1]`` read at ``t = 0``) it is
+    unspecified, so a caller summing over the inverse must also restrict to
+    ``read_condition``. The set of reading sink points must be a box of ranges (true for
+    the per-dim patterns of RT programs); strided or diagonal reader sets raise
+    ``UnsupportedExpressionError``. A dependence that reads nothing inverts to empty slices.
     """
+    readers, context, symbols = _readers(phi, sink_dims, source_dims, bounds, cond)
+    if readers.is_empty():  # no sink point reads any source point
+        return tuple(Slice(0, 0) for _ in sink_dims)
+    _require_box(readers)
+    return tuple(_dim_inverse(readers, k, context, symbols) for k in range(len(sink_dims)))
+
+
+def read_condition(
+    phi: Sequence[IndexEntry],
+    sink_dims: Sequence[Symbol],
+    source_dims: Sequence[Symbol],
+    bounds: dict[Symbol, Symbol],
+    cond: Expr = TRUE,
+) -> Expr:
+    """A condition over the source dims: whether some sink point (where ``cond`` holds)
+    reads the source point. ``[t+3]`` gives ``t >= 3``; ``[0:t+1]`` gives ``true``."""
+    readers, context, symbols = _readers(phi, sink_dims, source_dims, bounds, cond)
+    region = readers.params().gist_params(context)
+    if region.plain_is_universe():
+        return TRUE
+    if region.is_empty():
+        return const(False)
+    build = isl.AstBuild.from_context(context)
+    return from_isl_ast_expr(build.expr_from_set(region), symbols)
+
+
+def _readers(phi: Sequence[IndexEntry], sink_dims: Sequence[Symbol],
+             source_dims: Sequence[Symbol], bounds: dict[Symbol, Symbol],
+             cond: Expr) -> tuple[isl.Set, isl.Set, dict[str, Expr]]:
+    """The set of sink points reading the source point given as parameters, the context
+    of valid parameters, and the isl names of the source dims and bounds."""
     if len(phi) != len(source_dims):
         raise ValueError("phi needs one entry per source dim")
     sink_vars = {d: f"k{n}" for n, d in enumerate(sink_dims)}
@@ -41,6 +73,8 @@ def invert_dependence(
     params.update({b: f"p_{b.name}" for b in all_bounds})
     names = {**{b: params[b] for b in all_bounds}, **sink_vars}  # phi is over sink dims
     ranges = [f"0 <= {sink_vars[d]} < {names[bounds[d]]}" for d in sink_dims]
+    if cond is not TRUE:
+        ranges.append(to_isl(cond, names))
     reads = []
     for src_dim, entry in zip(source_dims, phi):
         entry = entry if isinstance(entry, Slice) else as_expr(entry)
@@ -55,11 +89,7 @@ def invert_dependence(
     context = isl.Set(f"{header}{{ : {' and '.join(_source_ranges(source_dims, bounds, params))} "
                       f"and {' and '.join(f'{names[b]} > 0' for b in all_bounds)} }}")
     readers = readers.intersect_params(context).coalesce()
-    if readers.is_empty():  # no sink point reads any source point
-        return tuple(Slice(0, 0) for _ in sink_dims)
-    _require_box(readers)
-    symbols = {name: sym for sym, name in params.items()}
-    return tuple(_dim_inverse(readers, k, context, symbols) for k in range(len(sink_dims)))
+    return readers, context, {name: sym for sym, name in params.items()}
 
 
 def _source_ranges(source_dims: Sequence[Symbol], bounds: dict[Symbol, Symbol],

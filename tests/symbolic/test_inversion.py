@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from tempo.errors import TempoError, UnsupportedExpressionError
 from tempo.symbolic.expr import Expr, Slice, Symbol, as_expr, maximum, minimum
-from tempo.symbolic.inversion import invert_dependence
+from tempo.symbolic.inversion import invert_dependence, read_condition
 
 t = Symbol("t")
 i = Symbol("i")
@@ -62,6 +62,7 @@ def check_inverse(phi, sink_dims, source_dims, inverse=None) -> int:
     if inverse is None:
         inverse = invert_dependence(phi, sink_dims, source_dims, BOUNDS)
     assert len(inverse) == len(sink_dims)
+    region = read_condition(phi, sink_dims, source_dims, BOUNDS)
     dims = {*sink_dims, *source_dims}
     checked = 0
     for bounds in _bound_envs(dims):
@@ -72,9 +73,12 @@ def check_inverse(phi, sink_dims, source_dims, inverse=None) -> int:
                 if s in readers:  # reads outside the source's range are not reads of a point
                     readers[s].add(p)
         for s, expected in readers.items():
+            env = {**bounds, **dict(zip(source_dims, s))}
+            assert bool(region.evaluate(env)) == bool(expected), (
+                f"phi={list(phi)} bounds={bounds} source point={s}: read condition {region} "
+                f"is {region.evaluate(env)}, brute force finds {len(expected)} readers")
             if not expected:
                 continue
-            env = {**bounds, **dict(zip(source_dims, s))}
             got = set(itertools.product(*(_denotes(e, env) for e in inverse)))
             assert got == expected, (f"phi={list(phi)} sink={sink_dims} source={source_dims} "
                                      f"bounds={bounds} source point={s}: inverse {inverse} "
