@@ -7,7 +7,7 @@ schedule. It is slow and simple on purpose: every compiled result is tested agai
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from tempo.ir.graph import Edge, Op, program_roots
 from tempo.ir.ops import resolve_params
 from tempo.ir.readers import compile_reader_sum, reader_points
 from tempo.ir.validate import check_placeholders, resolve_bounds
-from tempo.symbolic.expr import Slice, Symbol
+from tempo.symbolic.expr import TRUE, Slice, Symbol
 
 Point = tuple[int, ...]
 Key = tuple[int, Point]
@@ -55,8 +55,11 @@ class ReferenceEvaluator:
             results[rt.key] = np.stack(values).reshape(dims + values[0].shape)
         return results
 
-    def box(self, op: Op) -> itertools.product:
-        return itertools.product(*(range(self.bounds[self.ctx.bound_of[d]]) for d in op.domain))
+    def box(self, op: Op) -> Iterator[Point]:
+        points = itertools.product(*(range(self.bounds[self.ctx.bound_of[d]]) for d in op.domain))
+        if op.when is TRUE:
+            return points
+        return (p for p in points if op.when.evaluate(self.env(op, p)))
 
     def value(self, op: Op, point: Point) -> tuple[np.ndarray, ...]:
         """The outputs of ``op`` at ``point``, computing what they depend on first."""

@@ -10,9 +10,9 @@ import numpy as np
 from tempo.api.context import Context, active_context
 from tempo.api.tensor import RecurrentTensor, constant, lift
 from tempo.api.tensor import symbol_value as _symbol_value
-from tempo.errors import ShapeError, UDFError, user_site
+from tempo.errors import DomainError, ShapeError, UDFError, user_site
 from tempo.ir.types import TensorType, dtype_name
-from tempo.symbolic.expr import ExprLike, Symbol, as_expr, maximum, minimum
+from tempo.symbolic.expr import Expr, ExprLike, Symbol, as_expr, maximum, minimum
 
 
 def const(value: Any, dtype: Any = None, requires_grad: bool = False) -> RecurrentTensor:
@@ -145,13 +145,14 @@ def randint(low: int, high: int, shape: Sequence[int] = (),
 def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
         outputs: Sequence[tuple[Sequence[int], Any]] = (),
         domain: Sequence[Symbol] = (), name: str | None = None,
-        pass_point: bool = False) -> tuple[RecurrentTensor, ...]:
+        pass_point: bool = False, when: Any = True) -> tuple[RecurrentTensor, ...]:
     """Call a host function once at every point of the domain (in schedule order).
 
     ``fn`` receives the inputs as NumPy arrays (and the point as ``{dim name: int}``
     first, when ``pass_point``) and returns one array per declared ``(shape, dtype)`` of
     ``outputs``. The domain is ``domain`` united with the inputs' domains. A UDF may keep
-    external state (an environment, a logger); it runs at every point of its domain.
+    external state (an environment, a logger); it runs at every point of its domain where
+    the condition ``when`` holds (e.g. ``(i + 1) % 10 == 0``).
     """
     ctx = _context_of(*inputs)
     rts = [lift(ctx, x) for x in inputs]
@@ -162,17 +163,32 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
     site = user_site()
     label = name or getattr(fn, "__name__", "udf")
     call = _checked_call(fn, out_types, label, site, pass_point)
-    op = ctx.add_op("udf", rts, {"call": call, "out_types": out_types}, domain=domain,
+    op = ctx.add_op("udf", rts, {"call": call, "out_types": out_types},
+                    domain=[*domain, *(s for s in as_expr(when).symbols() if s in ctx.bound_of)],
                     label=label)
+    op.when = _condition(ctx, when)
     return tuple(RecurrentTensor(ctx, op, k) for k in range(len(out_types)))
 
 
-def sink(x: RecurrentTensor, fn: Callable[[np.ndarray, dict[str, int]], None],
-         name: str | None = None) -> None:
-    """Call ``fn(value, point)`` with the value of ``x`` at every point of its domain."""
-    def call(point: dict[str, int], value: np.ndarray) -> None:
-        fn(value, point)  # whatever a logger returns is not a declared output
-    udf(call, [x], (), name=name or getattr(fn, "__name__", "sink"), pass_point=True)
+def sink(x: RecurrentTensor | Sequence[RecurrentTensor], fn: Callable[..., None],
+         name: str | None = None, when: Any = True) -> None:
+    """Call ``fn(value, point)`` with the value of ``x`` at every point of its domain where
+    ``when`` holds; with a list of RTs, ``fn(values, point)`` gets a list of values."""
+    many = isinstance(x, (list, tuple))
+
+    def call(point: dict[str, int], *values: np.ndarray) -> None:
+        fn(list(values) if many else values[0], point)  # a logger's result is not an output
+    udf(call, list(x) if many else [x], (), name=name or getattr(fn, "__name__", "sink"),
+        pass_point=True, when=when)
+
+
+def _condition(ctx: Context, when: Any) -> Expr:
+    cond = as_expr(when)
+    if not cond.is_bool:
+        raise DomainError(f"`when` must be a boolean condition over the dims, got {cond}",
+                          user_site())
+    ctx.check_symbols(cond, "a `when` condition")
+    return cond
 
 
 def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, site: Any,

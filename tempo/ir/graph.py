@@ -23,6 +23,8 @@ class Op:
     outputs: tuple[TensorType, ...]
     site: SourceSite
     label: str = ""
+    when: Expr = TRUE
+    """The op runs only at the points of its domain where this holds (conditional sinks)."""
     requires: tuple[tuple[Expr, str], ...] = ()
     """Conditions over the domain that must hold at every executed point, each with the
     message for when it does not (e.g. a symbolic spatial index within its dim's size)."""

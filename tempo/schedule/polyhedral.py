@@ -95,8 +95,12 @@ class Polyhedral:
         return {**bounds, **self._vars(op, prefix)}
 
     def _box_text(self, op: Op, prefix: str) -> list[str]:
-        return [f"0 <= {v} < {self._bound(self.bound_of[d])}"
-                for d, v in self._vars(op, prefix).items()]
+        """The op's points: the box of its dims, where its ``when`` condition holds."""
+        box = [f"0 <= {v} < {self._bound(self.bound_of[d])}"
+               for d, v in self._vars(op, prefix).items()]
+        if op.when is not TRUE:
+            box.append(to_isl(op.when, self._names(op, prefix)))
+        return box
 
     def union_set(self, body: str) -> isl.UnionSet:
         return union_set(self._text(body))
@@ -163,11 +167,11 @@ def needed_points(poly: Polyhedral, roots: list[Op], reads: dict[Edge, isl.Union
     """Points of every op that the roots depend on, transitively (roots included).
 
     Iterates the read relations to a fixpoint, and takes isl's transitive closure when
-    that is long (a chain ``y[T-1] <- y[T-2] <- ...``) or parametric.
+    that is long (a chain ``y[T-1] <- y[T-2] <- ...``, or any chain when parametric).
     """
     needed = _union_sets(poly.box(op) for op in roots)
     relation = _union_maps(reads.values())
-    for _ in range(0 if poly.parametric else max_rounds):
+    for _ in range(max_rounds):
         grown = needed.union(needed.apply(relation)).coalesce()
         if grown.is_equal(needed):
             return needed

@@ -84,7 +84,7 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     times = _with_frees(poly, poly_needed, live_reads, schedule, kept)
     build = isl.AstBuild.from_context(poly.context())
     symbols = {name: b for b, name in poly.params.items()}
-    root = ast.from_isl(build.node_from_schedule_map(times), symbols)
+    root = ast.from_isl(build.node_from_schedule_map(compress_scalar_dims(times)), symbols)
     return Schedule(root, statements, schedule)
 
 
@@ -140,6 +140,55 @@ def _append_dim(times: isl.UnionMap, value: int) -> isl.UnionMap:
         m = m.add_dims(isl.dim_type.out, 1).fix_val(isl.dim_type.out, n, isl.Val(value, context=ISL))
         out = isl.UnionMap.from_map(m) if out is None else out.union(m)
     return out if out is not None else times
+
+
+def compress_scalar_dims(times: isl.UnionMap) -> isl.UnionMap:
+    """The same order with each run of schedule dims that are constant in every piece
+    replaced by one dim: the rank of the run's values. isl's schedules nest sequences as
+    such constant dims (often ten or more); AST generation is much faster without them."""
+    pieces = [b for m in _maps(times) for b in _basic_maps(m)]
+    if not pieces:
+        return times
+    n = pieces[0].dim(isl.dim_type.out)
+    values = [[_fixed_value(b, d) for d in range(n)] for b in pieces]
+    runs = _constant_runs([all(v[d] is not None for v in values) for d in range(n)])
+    ranks = [{key: r for r, key in enumerate(sorted({tuple(v[a:b]) for v in values}))}
+             for a, b in runs]
+    out = isl.UnionMap("{ }", context=ISL)
+    for piece, v in zip(pieces, values):
+        for (a, b), rank in reversed(list(zip(runs, ranks))):
+            piece = piece.project_out(isl.dim_type.out, a, b - a).insert_dims(isl.dim_type.out, a, 1)
+            piece = piece.fix_val(isl.dim_type.out, a, isl.Val(rank[tuple(v[a:b])], context=ISL))
+        out = out.union(isl.UnionMap.from_basic_map(piece))
+    return out
+
+
+def _maps(u: isl.UnionMap) -> list[isl.Map]:
+    maps = u.get_map_list()
+    return [maps.get_at(k) for k in range(maps.n_map())]
+
+
+def _basic_maps(m: isl.Map) -> list[isl.BasicMap]:
+    pieces = m.get_basic_map_list()
+    return [pieces.get_at(k) for k in range(pieces.n_basic_map())]
+
+
+def _fixed_value(b: isl.BasicMap, dim: int) -> int | None:
+    v = b.plain_get_val_if_fixed(isl.dim_type.out, dim)
+    return None if v.is_nan() else v.to_python()
+
+
+def _constant_runs(constant: list[bool]) -> list[tuple[int, int]]:
+    """Maximal ``[start, stop)`` runs of at least two constant dims."""
+    runs, d = [], 0
+    while d < len(constant):
+        stop = d
+        while stop < len(constant) and constant[stop]:
+            stop += 1
+        if stop - d >= 2:
+            runs.append((d, stop))
+        d = stop + 1 if stop == d else stop
+    return runs
 
 
 def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
