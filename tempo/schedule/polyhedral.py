@@ -65,7 +65,7 @@ class Polyhedral:
         cond = " and ".join(f"{p} >= 1" for p in self.params.values()) or "true"
         return isl.Set(self._text(f"{{ : {cond} }}"), context=ISL)
 
-    def fix_params(self, s: isl.UnionSet) -> isl.UnionSet:
+    def fix_params(self, s: isl.UnionSet | isl.UnionMap) -> isl.UnionSet | isl.UnionMap:
         """``s`` with every parameter set to its concrete bound (and then dropped)."""
         if not self.parametric:
             return s

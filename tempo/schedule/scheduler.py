@@ -81,10 +81,12 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     if schedule is None:
         check_acyclic_points(concrete, needed, reads)
         raise UnschedulableError("isl found no schedule satisfying the program's dependences")
-    times = _with_frees(poly, poly_needed, live_reads, schedule, kept)
-    build = isl.AstBuild.from_context(poly.context())
-    symbols = {name: b for b, name in poly.params.items()}
-    root = ast.from_isl(build.node_from_schedule_map(compress_scalar_dims(times)), symbols)
+    # The schedule holds for any bounds; the loop program is generated for the concrete
+    # ones, where conditions on the bounds (a checkpoint at the last iteration or not)
+    # are decided instead of becoming branches of the program.
+    times = poly.fix_params(_with_frees(poly, poly_needed, live_reads, schedule, kept))
+    build = isl.AstBuild.from_context(isl.Set("{ : }", context=ISL))
+    root = ast.from_isl(build.node_from_schedule_map(compress_scalar_dims(times)), {})
     return Schedule(root, statements, schedule)
 
 
@@ -146,7 +148,7 @@ def compress_scalar_dims(times: isl.UnionMap) -> isl.UnionMap:
     """The same order with each run of schedule dims that are constant in every piece
     replaced by one dim: the rank of the run's values. isl's schedules nest sequences as
     such constant dims (often ten or more); AST generation is much faster without them."""
-    pieces = [b for m in _maps(times) for b in _basic_maps(m)]
+    pieces = [p for m in _maps(times) for p in _pieces(m)]
     if not pieces:
         return times
     n = pieces[0].dim(isl.dim_type.out)
@@ -155,11 +157,15 @@ def compress_scalar_dims(times: isl.UnionMap) -> isl.UnionMap:
     ranks = [{key: r for r, key in enumerate(sorted({tuple(v[a:b]) for v in values}))}
              for a, b in runs]
     out = isl.UnionMap("{ }", context=ISL)
+    names = [f"c{d}" for d in range(n)]
     for piece, v in zip(pieces, values):
-        for (a, b), rank in reversed(list(zip(runs, ranks))):
-            piece = piece.project_out(isl.dim_type.out, a, b - a).insert_dims(isl.dim_type.out, a, 1)
-            piece = piece.fix_val(isl.dim_type.out, a, isl.Val(rank[tuple(v[a:b])], context=ISL))
-        out = out.union(isl.UnionMap.from_basic_map(piece))
+        dims, d = [], 0
+        for (a, b), rank in zip(runs, ranks):
+            dims += names[d:a] + [str(rank[tuple(v[a:b])])]
+            d = b
+        dims += names[d:]
+        squeeze = isl.Map(f"{{ [{', '.join(names)}] -> [{', '.join(dims)}] }}", context=ISL)
+        out = out.union(isl.UnionMap.from_map(piece.apply_range(squeeze)))
     return out
 
 
@@ -168,13 +174,20 @@ def _maps(u: isl.UnionMap) -> list[isl.Map]:
     return [maps.get_at(k) for k in range(maps.n_map())]
 
 
-def _basic_maps(m: isl.Map) -> list[isl.BasicMap]:
-    pieces = m.get_basic_map_list()
-    return [pieces.get_at(k) for k in range(pieces.n_basic_map())]
+def _pieces(m: isl.Map) -> list[isl.Map]:
+    """``m``'s basic maps as maps (each may fix other constants), or ``m`` whole when it has
+    existential variables (a basic map taken out of such a map loses their definitions)."""
+    basics = m.get_basic_map_list()
+    basics = [basics.get_at(k) for k in range(basics.n_basic_map())]
+    if any(b.dim(isl.dim_type.div) for b in basics):
+        return [m]
+    return [isl.Map.from_basic_map(b) for b in basics]
 
 
-def _fixed_value(b: isl.BasicMap, dim: int) -> int | None:
-    v = b.plain_get_val_if_fixed(isl.dim_type.out, dim)
+def _fixed_value(piece: isl.Map, dim: int) -> int | None:
+    """The constant value of schedule dim ``dim`` in ``piece``, if it has one (checked on
+    the piece without existentials: a superset, so a constant there is one here)."""
+    v = piece.remove_divs().plain_get_val_if_fixed(isl.dim_type.out, dim)
     return None if v.is_nan() else v.to_python()
 
 
@@ -199,7 +212,24 @@ def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[S
     poly_needed = needed_points(poly, roots, reads)
     if not poly.fix_params(poly_needed).is_equal(needed):
         return None, None, None
-    return poly, poly_needed, reads
+    return poly, _simplest_agreeing(poly, poly_needed, needed), reads
+
+
+def _simplest_agreeing(poly: Polyhedral, needed: isl.UnionSet, concrete: isl.UnionSet
+                       ) -> isl.UnionSet:
+    """Each op's needed set replaced by its convex hull where that agrees with the concrete
+    needed points. Closures of reads guarded by modulo conditions come back as unions of
+    existentially quantified pieces, which make AST generation very slow; only the
+    concrete bounds are ever run, so agreement there is all that matters."""
+    out = isl.UnionSet("{ }", context=ISL)
+    sets = needed.get_set_list()
+    for k in range(sets.n_set()):
+        piece = sets.get_at(k)
+        hull = isl.Set.from_basic_set(piece.polyhedral_hull())
+        same = poly.fix_params(isl.UnionSet.from_set(hull)).is_equal(
+            poly.fix_params(isl.UnionSet.from_set(piece)))
+        out = out.union(isl.UnionSet.from_set(hull if same else piece))
+    return out
 
 
 def _free_name(op: Op) -> str:
