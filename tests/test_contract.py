@@ -72,6 +72,26 @@ def test_contract_example(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_contract_gradient_example(backend):
+    """The gradient part of the contract: loss = sum_t |ones(3) @ W|^2, so dloss/dW =
+    sum_t 2 * outer(ones(3), ones(3) @ W) = 2 * 100 * outer(ones, [3, 3]) = 600 everywhere."""
+    ctx = tp.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        wgt = tp.const(np.ones((3, 2), np.float32), requires_grad=True)
+        h = tp.const(np.ones((100, 3), np.float32))[t] @ wgt      # shape (2,), domain (t,)
+        loss = (h * h).sum()[0:T].sum()   # spatial sum, then over all t
+        loss.backward()
+        res = ctx.compile(bounds={I: 1, T: 100}, outputs=[wgt.grad], backend=backend).run()
+        res[wgt.grad]                     # numpy array of shape (3, 2)
+    rows = np.ones((100, 3))
+    expected = sum(2.0 * np.outer(r, r @ np.ones((3, 2))) for r in rows)
+    assert res[wgt.grad].shape == (3, 2)
+    np.testing.assert_allclose(res[wgt.grad], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_symbol_value_is_the_index(backend):
     ctx = tp.Context(dims=("t",))
     (t,), (T,) = ctx.dims, ctx.bounds

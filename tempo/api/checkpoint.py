@@ -46,6 +46,7 @@ def write_atomically(target: Path, arrays: dict[str, np.ndarray]) -> None:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates owner-only files
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
