@@ -95,7 +95,7 @@ class _Walk:
             changed = False
             for k in sorted(upstream - needed):
                 op = graph.ops[k]
-                if op.kind != "detach" and any(e.src.id in needed for e in graph.in_edges(op)):
+                if _carries_gradient(op) and any(e.src.id in needed for e in graph.in_edges(op)):
                     needed.add(k)
                     changed = True
         for k in needed:
@@ -250,6 +250,15 @@ class _Walk:
 
 
 # ---- helpers ------------------------------------------------------------------------------
+def _carries_gradient(op: Op) -> bool:
+    """Whether a gradient can flow through ``op``: a float output and a differentiable kind
+    (``argmax``, comparisons and ``detach`` end every path, e.g. from a policy's logits
+    through a sampled action into an environment)."""
+    if op.kind == "detach" or VJPS.get(op.kind) is _no_grad:
+        return False
+    return any(np.dtype(t.dtype).kind == "f" for t in op.outputs)
+
+
 def _is_float(x: RecurrentTensor) -> bool:
     return np.dtype(x.dtype).kind == "f"
 

@@ -316,3 +316,24 @@ def test_grad_before_backward_is_a_clear_error():
             _ = y.grad
         with pytest.raises(tp.TempoError, match="scalar loss"):
             x.backward()
+
+
+def test_sampled_actions_end_the_gradient_path_into_a_udf():
+    """logits -> argmax -> UDF -> back into the loss: argmax has no gradient, so the UDF is
+    not on a differentiable path and backward() works (the policy-gradient shape)."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tp.const(W0, requires_grad=True)                      # (3, 2)
+        logits = tp.const(F0)[t] @ w                             # (2,)
+        action = logits.argmax(-1)
+        (reward,) = tp.udf(lambda a: np.float32(a + 1), [action], [((), "float32")], name="env")
+        loss = (logits.log_softmax(-1).max() * reward)[0:T].sum()
+        loss.backward()
+    got = ctx.compile(bounds={T: T_VALUE}, outputs=[w.grad], backend="numpy").run()[w.grad]
+
+    def jax_loss(w):
+        lg = jnp.asarray(F0) @ w
+        r = jnp.argmax(lg, -1).astype(jnp.float32) + 1
+        return (jax.nn.log_softmax(lg, -1).max(-1) * r).sum()
+    np.testing.assert_allclose(got, jax.grad(jax_loss)(jnp.asarray(W0)), rtol=1e-5, atol=1e-6)
