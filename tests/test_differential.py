@@ -409,17 +409,18 @@ def _compare(prog: Program, bounds: dict, results, where: str) -> None:
             np.testing.assert_array_equal(got, expected, err_msg=f"{name}{where}")
 
 
-def check_program(seed: int, backend: str, both_bounds: bool = True) -> None:
-    """Compile and run the program of ``seed`` and compare with the reference; with
-    ``both_bounds``, also recompile the same context for a second set of bounds and run the
-    first executable a second time (runs must not leak state into each other)."""
+def check_program(seed: int, backend: str, both_bounds: bool = True, passes=None) -> None:
+    """Compile (with the optimization ``passes``, all by default) and run the program of
+    ``seed`` and compare with the reference; with ``both_bounds``, also recompile the same
+    context for a second set of bounds and run the first executable a second time (runs
+    must not leak state into each other)."""
     prog = make_program(seed)
     rts = [rt for rt, _ in prog.outputs]
     for bounds in ([prog.bounds, prog.alt_bounds] if both_bounds else [prog.bounds]):
         shown = ", ".join(f"{b.name}={v}" for b, v in bounds.items())
         where = f"\n{backend} backend, bounds ({shown}), program:\n    {prog.describe()}"
         try:
-            exe = prog.ctx.compile(bounds=bounds, outputs=rts, backend=backend)
+            exe = prog.ctx.compile(bounds=bounds, outputs=rts, backend=backend, passes=passes)
             first = exe.run()
             second = exe.run() if both_bounds else first
         except Exception as err:  # name the program in the failure
@@ -442,6 +443,20 @@ def test_random_program_numpy(seed):
 @pytest.mark.parametrize("seed", JAX_SEEDS)
 def test_random_program_jax(seed):
     check_program(seed, "jax", both_bounds=False)
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 5))
+def test_random_program_unoptimized(seed):
+    check_program(seed, "numpy", both_bounds=False, passes=())
+
+
+def test_random_programs_exercise_fusion():
+    fused = 0
+    for seed in range(0, 40, 5):
+        prog = make_program(seed)
+        exe = prog.ctx.compile(prog.bounds, [rt for rt, _ in prog.outputs], backend="numpy")
+        fused += sum(op.kind == "fused" for op in exe.graph.ops.values())
+    assert fused >= 5
 
 
 # Seeds of programs that once failed, found by longer runs of the generator.

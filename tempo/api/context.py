@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tempo.errors import DomainError, ShapeError, TempoError, user_site
@@ -100,11 +100,13 @@ class Context:
         self.graph.add_edge(Edge(merge, k, value.op, value.out, phi, cond))
 
     def compile(self, bounds: dict[Symbol, int], outputs: Sequence[RecurrentTensor] = (),
-                backend: str = "jax") -> Executable:
-        """Check and schedule the program for concrete ``bounds``; ``backend`` is "jax" or
-        "numpy". ``run()`` on the result returns the value of every point of ``outputs``."""
+                backend: str = "jax", passes: Collection[str] | None = None) -> Executable:
+        """Check, optimize and schedule the program for concrete ``bounds``; ``backend`` is
+        "jax" or "numpy"; ``passes`` names the optimization passes to run (all by default,
+        ``()`` for none). ``run()`` on the result returns the value of every point of
+        ``outputs``; ``report`` on it says where compile time went."""
         from tempo.runtime.executable import compile_program
-        return compile_program(self, bounds, list(outputs), backend=backend)
+        return compile_program(self, bounds, list(outputs), backend=backend, passes=passes)
 
     def __repr__(self) -> str:
         return f"Context(dims=({self._dim_names()}), ops={len(self.graph)})"

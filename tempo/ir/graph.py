@@ -145,6 +145,16 @@ class SDG:
         return "\n".join(lines)
 
 
+def has_static_shapes(op: Op, edges: list[Edge], known: set[Symbol]) -> bool:
+    """Whether the op's inputs and outputs have one shape at every point: every dim
+    depends on ``known`` symbols (the bounds) only."""
+    shapes = [d for t in op.outputs for d in t.shape]
+    for e in edges:
+        shapes += [d for d in e.src.outputs[e.src_out].shape]
+        shapes += [entry.size for entry in e.phi if isinstance(entry, Slice)]
+    return all(d.symbols() <= known for d in shapes)
+
+
 def program_roots(graph: SDG, output_ops: list[Op]) -> list[Op]:
     """Ops whose every point runs: the outputs' ops and every UDF (sinks included)."""
     return [*output_ops, *(op for op in graph.ops.values() if op.kind == "udf")]

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tempo.errors import TempoError
-from tempo.ir.graph import SDG, Edge, Op, program_roots
+from tempo.errors import TempoError, UnschedulableError
+from tempo.ir.graph import SDG, Edge, Op, has_static_shapes, program_roots
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
+from tempo.passes import PassState, run_pipeline
 from tempo.runtime.backends import make_backend
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
 from tempo.schedule import ast
-from tempo.schedule.scheduler import Schedule, build_schedule
+from tempo.schedule.scheduler import Schedule, analyze_points, build_schedule
 from tempo.symbolic.expr import Slice, Symbol, compile_function
 
 if TYPE_CHECKING:
@@ -53,12 +54,21 @@ class Results:
 
 @dataclass
 class CompileReport:
-    """Time spent in each compile stage, in seconds."""
+    """Time spent in each compile stage (seconds), the SDG's size (ops) after each stage
+    that changes it, and what the passes did."""
 
     stages: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(self.stages.values())
 
     def __str__(self) -> str:
-        return "\n".join(f"{k:<12} {v * 1000:8.1f} ms" for k, v in self.stages.items())
+        lines = [f"{k:<12} {v * 1000:9.1f} ms" + (f"   {self.sizes[k]} ops" if k in self.sizes else "")
+                 for k, v in self.stages.items()]
+        return "\n".join([*lines, f"{'total':<12} {self.total * 1000:9.1f} ms", *self.notes])
 
 
 class Executable:
@@ -92,15 +102,20 @@ class Executable:
 
 
 def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
-                    backend: str = "jax") -> Executable:
-    """Check, schedule and prepare ``ctx``'s program for concrete ``bounds``."""
+                    backend: str = "jax", passes: Collection[str] | None = None) -> Executable:
+    """Check, optimize, schedule and prepare ``ctx``'s program for concrete ``bounds``.
+
+    ``passes`` names the pipeline passes to run (``tempo.passes.PIPELINE``; all when None,
+    none when empty)."""
     report = CompileReport()
     clock = time.perf_counter()
 
-    def stage(name: str) -> None:
+    def stage(name: str, graph: SDG | None = None) -> None:
         nonlocal clock
         now = time.perf_counter()
         report.stages[name] = now - clock
+        if graph is not None:
+            report.sizes[name] = len(graph)
         clock = now
 
     outputs = list(outputs)
@@ -110,14 +125,28 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     values = resolve_bounds(graph, ctx.bound_of, bounds)
     check_graph(graph, ctx.bound_of)
     check_placeholders(graph)
-    stage("check")
     runtime = make_backend(backend)
     for op in graph.ops.values():
         runtime.check_dtype(op)
-    stage("backend")
-    schedule = build_schedule(graph, values, ctx.bound_of, roots, {rt.op.id for rt in outputs})
+    stage("check", graph)
+    analysis = analyze_points(graph, values, ctx.bound_of, roots)
+    stage("points")
+    kept = {rt.op.id for rt in outputs}
+    state = PassState(analysis.needed, values, kept, next_id=max(ctx.graph.ops) + 1)
+    optimized = run_pipeline(graph, state, passes, stage)
+    report.notes += state.notes
+    try:
+        schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed)
+    except UnschedulableError as err:
+        if optimized is graph:
+            raise
+        # The passes keep dependences acyclic by construction; should a program defeat
+        # them, the unoptimized program is still correct.
+        report.notes.append(f"passes undone, the optimized program had no schedule: {err}")
+        optimized = graph
+        schedule = build_schedule(graph, values, ctx.bound_of, roots, kept, analysis.needed)
     stage("schedule")
-    exe = Executable(ctx, graph, values, outputs, schedule, runtime, report)
+    exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report)
     stage("codegen")
     return exe
 
@@ -225,16 +254,6 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     return _device_launcher(op, edges, reads, writes, bounds, backend)
 
 
-def _static_shapes(op: Op, edges: list[Edge], bounds: dict[Symbol, int]) -> bool:
-    """Whether the op's inputs and outputs have the same shape at every point."""
-    known = set(bounds)
-    shapes = [d for t in op.outputs for d in t.shape]
-    for e in edges:
-        shapes += [d for d in e.src.outputs[e.src_out].shape]
-        shapes += [entry.size for entry in e.phi if isinstance(entry, Slice)]
-    return all(d.symbols() <= known for d in shapes)
-
-
 def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,
                     bounds: dict[Symbol, int]) -> Launcher:
     branches = [(compile_function([e.cond], op.domain, bounds), read, phi)
@@ -282,7 +301,7 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     multi = op.definition.multi_output
     symbolic = bool(param_symbols(op.params) & set(op.domain))  # params vary with the point
     static_params = None if symbolic else resolve_params(op.params, bounds)
-    kernel = backend.kernel(op, static_params, _static_shapes(op, edges, bounds))
+    kernel = backend.kernel(op, static_params, has_static_shapes(op, edges, set(bounds)))
     domain = op.domain
     if len(reads) == 1 and len(writes) == 1 and not symbolic and not multi:
         (read, phi), = reads

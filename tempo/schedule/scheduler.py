@@ -58,35 +58,52 @@ class Schedule:
     __str__ = pseudo_code
 
 
-def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                   roots: list[Op], kept: set[int]) -> Schedule:
-    """Check the program and schedule every needed point of it.
+@dataclass
+class PointAnalysis:
+    """A checked program's needed points: every point that some root depends on."""
 
-    ``roots`` are the ops whose every point must run (outputs, UDFs); ``kept`` the ids of
-    ops whose points are never freed (outputs, read at the end).
-    """
+    needed: isl.UnionSet
+
+
+def analyze_points(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
+                   roots: list[Op]) -> PointAnalysis:
+    """The points the program needs, after checking that every needed point is defined
+    (a branch holds), reads inside its sources' ranges, and meets its requirements.
+
+    ``roots`` are the ops whose every point must run (outputs, UDFs)."""
     concrete = Polyhedral(graph, bounds, bound_of)
     reads = concrete.all_reads()
     needed = needed_points(concrete, roots, reads)
     check_branches(concrete, needed)
     check_reads(concrete, needed, reads)
     check_requirements(concrete, needed)
+    return PointAnalysis(needed)
+
+
+def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
+                   roots: list[Op], kept: set[int], needed: isl.UnionSet) -> Schedule:
+    """Schedule every ``needed`` point of a checked program (see ``analyze_points``).
+
+    ``kept`` are the ids of ops whose points are never freed (outputs, read at the end).
+    """
     poly, poly_needed, poly_reads = _parametric_if_exact(graph, bounds, bound_of, roots, needed)
     if poly is None:
-        poly, poly_needed, poly_reads = concrete, needed, reads
+        poly = Polyhedral(graph, bounds, bound_of)
+        poly_needed, poly_reads = needed, poly.all_reads()
     live_reads = {e: r.intersect_domain(poly_needed) for e, r in poly_reads.items()}
     statements = {name: Statement("exec", op) for name, op in poly.statements.items()}
     statements.update({_free_name(op): Statement("free", op) for op in poly.statements.values()})
     schedule = _schedule(poly, poly_needed, live_reads)
     if schedule is None:
-        check_acyclic_points(concrete, needed, reads)
+        concrete = Polyhedral(graph, bounds, bound_of)
+        check_acyclic_points(concrete, needed, concrete.all_reads())
         raise UnschedulableError("isl found no schedule satisfying the program's dependences")
     # The schedule holds for any bounds; the loop program is generated for the concrete
     # ones, where conditions on the bounds (a checkpoint at the last iteration or not)
     # are decided instead of becoming branches of the program.
     times = poly.fix_params(_with_frees(poly, poly_needed, live_reads, schedule, kept))
     build = isl.AstBuild.from_context(isl.Set("{ : }", context=ISL))
-    root = ast.from_isl(build.node_from_schedule_map(compress_scalar_dims(times)), {})
+    root = ast.from_isl(build.node_from_schedule_map(times), {})
     return Schedule(root, statements, schedule)
 
 
@@ -142,66 +159,6 @@ def _append_dim(times: isl.UnionMap, value: int) -> isl.UnionMap:
         m = m.add_dims(isl.dim_type.out, 1).fix_val(isl.dim_type.out, n, isl.Val(value, context=ISL))
         out = isl.UnionMap.from_map(m) if out is None else out.union(m)
     return out if out is not None else times
-
-
-def compress_scalar_dims(times: isl.UnionMap) -> isl.UnionMap:
-    """The same order with each run of schedule dims that are constant in every piece
-    replaced by one dim: the rank of the run's values. isl's schedules nest sequences as
-    such constant dims (often ten or more); AST generation is much faster without them."""
-    pieces = [p for m in _maps(times) for p in _pieces(m)]
-    if not pieces:
-        return times
-    n = pieces[0].dim(isl.dim_type.out)
-    values = [[_fixed_value(b, d) for d in range(n)] for b in pieces]
-    runs = _constant_runs([all(v[d] is not None for v in values) for d in range(n)])
-    ranks = [{key: r for r, key in enumerate(sorted({tuple(v[a:b]) for v in values}))}
-             for a, b in runs]
-    out = isl.UnionMap("{ }", context=ISL)
-    names = [f"c{d}" for d in range(n)]
-    for piece, v in zip(pieces, values):
-        dims, d = [], 0
-        for (a, b), rank in zip(runs, ranks):
-            dims += names[d:a] + [str(rank[tuple(v[a:b])])]
-            d = b
-        dims += names[d:]
-        squeeze = isl.Map(f"{{ [{', '.join(names)}] -> [{', '.join(dims)}] }}", context=ISL)
-        out = out.union(isl.UnionMap.from_map(piece.apply_range(squeeze)))
-    return out
-
-
-def _maps(u: isl.UnionMap) -> list[isl.Map]:
-    maps = u.get_map_list()
-    return [maps.get_at(k) for k in range(maps.n_map())]
-
-
-def _pieces(m: isl.Map) -> list[isl.Map]:
-    """``m``'s basic maps as maps (each may fix other constants), or ``m`` whole when it has
-    existential variables (a basic map taken out of such a map loses their definitions)."""
-    basics = m.get_basic_map_list()
-    basics = [basics.get_at(k) for k in range(basics.n_basic_map())]
-    if any(b.dim(isl.dim_type.div) for b in basics):
-        return [m]
-    return [isl.Map.from_basic_map(b) for b in basics]
-
-
-def _fixed_value(piece: isl.Map, dim: int) -> int | None:
-    """The constant value of schedule dim ``dim`` in ``piece``, if it has one (checked on
-    the piece without existentials: a superset, so a constant there is one here)."""
-    v = piece.remove_divs().plain_get_val_if_fixed(isl.dim_type.out, dim)
-    return None if v.is_nan() else v.to_python()
-
-
-def _constant_runs(constant: list[bool]) -> list[tuple[int, int]]:
-    """Maximal ``[start, stop)`` runs of at least two constant dims."""
-    runs, d = [], 0
-    while d < len(constant):
-        stop = d
-        while stop < len(constant) and constant[stop]:
-            stop += 1
-        if stop - d >= 2:
-            runs.append((d, stop))
-        d = stop + 1 if stop == d else stop
-    return runs
 
 
 def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],

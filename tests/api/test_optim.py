@@ -65,7 +65,9 @@ def test_trajectory_matches_optax(name, schedule):
         params = optax.apply_updates(params, updates)
     for (n, _), p in zip(model.named_parameters(), model.parameters()):
         expected = np.stack([np.asarray(t[n]) for t in trajectory])
-        np.testing.assert_allclose(res[p], expected, rtol=1e-5, atol=1e-6, err_msg=n)
+        # float32 on both sides; XLA's CPU code (FMA or not) differs between machines, and
+        # RMSprop's 1/sqrt(nu) amplifies last-bit differences over 20 steps to ~2e-6.
+        np.testing.assert_allclose(res[p], expected, rtol=1e-5, atol=1e-5, err_msg=n)
 
 
 def test_optimizer_needs_parameters_over_an_iteration_dim():

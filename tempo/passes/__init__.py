@@ -1,0 +1,56 @@
+"""Whole-program passes over the SDG, between the point analysis and scheduling.
+
+``PIPELINE`` is the list of passes, in order. Each takes the graph and the shared
+``PassState`` (the needed points, which a pass keeps current for the graph it returns)
+and returns the new graph; the compile report times each one and records the SDG's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from tempo.ir.graph import SDG
+from tempo.passes.fusion import fuse_pointwise
+from tempo.symbolic.expr import Symbol
+
+
+@dataclass
+class PassState:
+    needed: isl.UnionSet
+    bounds: dict[Symbol, int]
+    keep: set[int]
+    """Ids of ops that must stay as they are (outputs: their stores are read at the end)."""
+    next_id: int
+    notes: list[str] = field(default_factory=list)
+
+
+Pass = Callable[[SDG, PassState], SDG]
+
+
+def fusion(graph: SDG, state: PassState) -> SDG:
+    """Pointwise islands become single ops (``tempo.passes.fusion``)."""
+    result = fuse_pointwise(graph, state.needed, state.bounds, state.keep, state.next_id)
+    state.needed = result.needed
+    state.next_id += result.islands
+    state.notes.append(f"fusion: {result.fused_ops} ops into {result.islands} fused ops")
+    return result.graph
+
+
+PIPELINE: list[tuple[str, Pass]] = [("fusion", fusion)]
+
+
+def run_pipeline(graph: SDG, state: PassState, enabled: Collection[str] | None,
+                 after_each: Callable[[str, SDG], None]) -> SDG:
+    """Run the pipeline's passes named in ``enabled`` (all when None), in order."""
+    unknown = set(enabled or ()) - {name for name, _ in PIPELINE}
+    if unknown:
+        raise ValueError(f"unknown passes {sorted(unknown)}; the pipeline has "
+                         f"{[name for name, _ in PIPELINE]}")
+    for name, run in PIPELINE:
+        if enabled is None or name in enabled:
+            graph = run(graph, state)
+            after_each(name, graph)
+    return graph
