@@ -1,7 +1,10 @@
 """Set up a virtual environment with everything Tempo needs, then run a job in it.
 
-    python scripts/dev.py demo    # the main job: compile and run an RT program
+    python scripts/dev.py train   # the main job: RL training on CartPole (scripts/train.py)
+    python scripts/dev.py demo    # compile and run a small RT program, printing each stage
     python scripts/dev.py test    # the test suite (what CI runs)
+
+Extra arguments go to the job (``python scripts/dev.py train algorithm=reinforce``).
 
 Only a Python interpreter is required; the first call creates ``.venv`` and installs the
 package with its ``dev`` extra (later calls reuse it while pyproject.toml is unchanged).
@@ -19,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 JOBS = {
+    "train": ["scripts/train.py"],
     "demo": ["scripts/demo.py"],
     "test": ["-m", "pytest", "tests"],
 }

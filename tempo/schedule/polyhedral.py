@@ -163,11 +163,12 @@ class Polyhedral:
 
 
 def needed_points(poly: Polyhedral, roots: list[Op], reads: dict[Edge, isl.UnionMap],
-                  max_rounds: int = 64) -> isl.UnionSet:
+                  max_rounds: int = 64, closure: bool = True) -> isl.UnionSet | None:
     """Points of every op that the roots depend on, transitively (roots included).
 
     Iterates the read relations to a fixpoint, and takes isl's transitive closure when
-    that is long (a chain ``y[T-1] <- y[T-2] <- ...``, or any chain when parametric).
+    that is long (a chain ``y[T-1] <- y[T-2] <- ...``, or any chain when parametric);
+    without ``closure``, returns None then.
     """
     needed = _union_sets(poly.box(op) for op in roots)
     relation = _union_maps(reads.values())
@@ -176,8 +177,10 @@ def needed_points(poly: Polyhedral, roots: list[Op], reads: dict[Edge, isl.Union
         if grown.is_equal(needed):
             return needed
         needed = grown
-    closure, _exact = relation.transitive_closure()
-    return needed.union(needed.apply(closure)).coalesce()
+    if not closure:
+        return None
+    reach, _exact = relation.transitive_closure()
+    return needed.union(needed.apply(reach)).coalesce()
 
 
 def check_reads(poly: Polyhedral, needed: isl.UnionSet, reads: dict[Edge, isl.UnionMap]) -> None:

@@ -166,10 +166,42 @@ def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[S
     """The parametric view, when its needed points agree with the concrete ones."""
     poly = Polyhedral(graph, bounds, bound_of, parametric=True)
     reads = poly.all_reads()
-    poly_needed = needed_points(poly, roots, reads)
+    poly_needed = needed_points(poly, roots, reads, max_rounds=8, closure=False)
+    if poly_needed is None:
+        poly_needed = _bound_relative_boxes(poly, needed)
+    if poly_needed is None:
+        poly_needed = needed_points(poly, roots, reads)
     if not poly.fix_params(poly_needed).is_equal(needed):
         return None, None, None
     return poly, _simplest_agreeing(poly, poly_needed, needed), reads
+
+
+def _bound_relative_boxes(poly: Polyhedral, concrete: isl.UnionSet) -> isl.UnionSet | None:
+    """Each op's concrete needed points as a box whose upper ends are written relative to
+    the bounds (``0 <= i <= I - 2``), when that describes every op exactly at the concrete
+    bounds. A chain that the parametric fixpoint walks one step per round
+    (``s[I-1] <- s[I-2] <- ...``) would otherwise need isl's transitive closure, which is
+    slow for large programs; only the concrete bounds are ever run."""
+    out = isl.UnionSet("{ }", context=ISL)
+    for op in poly.graph.ops.values():
+        box = poly.box(op)
+        points = concrete.intersect(poly.fix_params(box))
+        if points.is_empty():
+            continue
+        piece = isl.Set.from_union_set(points)
+        constraints = []
+        for k, dim in enumerate(op.domain):
+            lo, hi = piece.dim_min_val(k).to_python(), piece.dim_max_val(k).to_python()
+            bound = poly.bound_of[dim]
+            gap = poly.bounds[bound] - hi
+            constraints.append(f"{lo} <= a{k} <= {poly.params[bound]} - {gap}")
+        vars_ = ", ".join(f"a{k}" for k in range(len(op.domain)))
+        guess = box.intersect(poly.union_set(
+            f"{{ {poly.name(op)}[{vars_}] : {' and '.join(constraints) or 'true'} }}"))
+        if not poly.fix_params(guess).is_equal(points):
+            return None
+        out = out.union(guess)
+    return out
 
 
 def _simplest_agreeing(poly: Polyhedral, needed: isl.UnionSet, concrete: isl.UnionSet

@@ -1,0 +1,65 @@
+"""Pieces every algorithm uses: returns over windows that stop at episode ends, the
+program a builder returns, and the actor/critic networks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tempo as tp
+from tempo.api import nn, optim
+from tempo.api.tensor import RecurrentTensor, arange
+from tempo.symbolic.expr import Expr
+
+
+@dataclass
+class TrainProgram:
+    """An RL algorithm as one RT program over dims ``(i, t)``: acting and learning.
+
+    ``metrics`` are scalars per iteration (domain ``(i,)``), named as CleanRL names them;
+    ``state`` are the RTs a checkpoint holds (parameters and optimizer state, as of
+    the next iteration)."""
+
+    ctx: tp.Context
+    policy: nn.Module
+    metrics: dict[str, RecurrentTensor] = field(default_factory=dict)
+    state: dict[str, RecurrentTensor] = field(default_factory=dict)
+    optimizer: optim.Optimizer | None = None
+    values: dict[str, RecurrentTensor] = field(default_factory=dict)
+    """Named intermediate RTs (returns, advantages, ...), for inspection and tests."""
+
+
+def alive_before(done: RecurrentTensor) -> RecurrentTensor:
+    """Over a window of steps (dim 0): 1 where no episode ended strictly before."""
+    ended_before = done.cumsum(0) - done
+    return (ended_before == 0).astype("float32")
+
+
+def truncated_returns(reward: RecurrentTensor, done: RecurrentTensor, gamma: float) -> RecurrentTensor:
+    """``sum_k gamma^k reward[k]`` over a window (dim 0), up to and including the first
+    step that ends an episode."""
+    return (reward * alive_before(done)).discounted_sum(gamma)
+
+
+def last_included(done: RecurrentTensor, length: Expr) -> RecurrentTensor:
+    """Over a window of ``length`` steps: 1 at the last step a return from the window's
+    first step includes (the first episode end, else the window's last step)."""
+    ctx = done.ctx
+    is_last = (arange(ctx, length) == length - 1).astype("float32")
+    while is_last.ndim < done.ndim:
+        is_last = is_last.unsqueeze(-1)
+    return alive_before(done) * tp.max(done, is_last)
+
+
+def standardize(x: RecurrentTensor, eps: float = 1e-8) -> RecurrentTensor:
+    """``(x - mean) / (std + eps)`` over all of ``x``'s entries."""
+    centered = x - x.mean()
+    return centered / ((centered * centered).mean().sqrt() + eps)
+
+
+def actor_critic(obs_dim: int, num_actions: int, hidden: tuple[int, ...], activation: str,
+                 domain: tuple) -> tuple[nn.MLP, nn.MLP]:
+    """CleanRL's networks: orthogonal init, gain 0.01 on the policy head, 1 on the value."""
+    policy = nn.MLP(obs_dim, hidden, num_actions, activation=activation, out_gain=0.01,
+                    domain=domain)
+    critic = nn.MLP(obs_dim, hidden, 1, activation=activation, out_gain=1.0, domain=domain)
+    return policy, critic

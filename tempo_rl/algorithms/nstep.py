@@ -1,0 +1,78 @@
+"""n-step advantage actor-critic (A2C): returns bootstrapped after ``n`` steps,
+``r[t:min(t+n, T)]`` plus the discounted value of the state reached.
+
+The return at ``t`` needs rewards up to ``t+n-1`` only, so Tempo schedules the learning
+work for step ``t`` during the rollout, about ``n`` steps behind acting, instead of after
+it (compare ``reinforce.py``, whose returns read ``r[t:T]``). Episode ends inside the
+window stop the sum; a terminated episode bootstraps with 0, a truncated one with the
+value of its final observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tempo as tp
+from tempo.api import optim
+from tempo.api.distributions import Categorical
+from tempo_rl.algorithms.common import (
+    TrainProgram,
+    actor_critic,
+    last_included,
+    standardize,
+    truncated_returns,
+)
+from tempo_rl.envs import Env
+
+
+@dataclass
+class NStepConfig:
+    n: int = 5
+    gamma: float = 0.99
+    learning_rate: float = 1e-3
+    hidden: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    normalize_advantages: bool = True
+    max_grad_norm: float | None = 0.5
+
+
+def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
+    ctx = tp.Context(dims=("i", "t"), seed=seed)
+    i, t = ctx.dims
+    _, T = ctx.bounds
+    with ctx:
+        policy, critic = actor_critic(env.obs_dim, env.num_actions, cfg.hidden, cfg.activation, (i,))
+
+        def act(obs):
+            dist = Categorical(policy(obs))
+            action = dist.sample()
+            return action, {"log_prob": dist.log_prob(action), "entropy": dist.entropy()}
+        ro = env.rollout(act, i, t, T)
+        done = tp.max(ro.terminated, ro.truncated)
+        value = critic(ro.obs).squeeze(-1)
+        # Value of the state each step led to, 0 where the episode terminated there.
+        next_value = critic(ro.final_obs).squeeze(-1).detach() * (1.0 - ro.terminated)
+        stop = tp.min(t + cfg.n, T)
+        window = (i, slice(t, stop))
+        partial = truncated_returns(ro.reward[window], done[window], cfg.gamma)
+        ends = last_included(done[window], stop - t)
+        bootstrap = cfg.gamma * (ends * next_value[window]).discounted_sum(cfg.gamma)
+        returns = partial + bootstrap
+        advantage = (returns - value.detach())[i, 0:T]
+        if cfg.normalize_advantages:
+            advantage = standardize(advantage)
+        policy_loss = -(ro.extras["log_prob"][i, 0:T] * advantage).mean()
+        value_loss = ((value - returns) ** 2)[i, 0:T].mean()
+        entropy = ro.extras["entropy"][i, 0:T].mean()
+        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
+        loss.backward()
+        params = policy.parameters() + critic.parameters()
+        opt = optim.Adam(params, lr=cfg.learning_rate, max_grad_norm=cfg.max_grad_norm)
+        opt.step()
+    metrics = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
+               "losses/entropy": entropy}
+    values = {"returns": returns, "advantage": advantage, "reward": ro.reward,
+              "terminated": ro.terminated, "truncated": ro.truncated, "next_value": next_value}
+    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values)

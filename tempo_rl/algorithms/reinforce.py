@@ -1,0 +1,67 @@
+"""REINFORCE (Williams, 1992): Monte-Carlo returns ``r[t:T]``, optionally a learned baseline.
+
+The return at ``t`` sums the discounted rewards from ``t`` up to the episode's end or the
+rollout's, read as the slice ``r[i, t:T]``, so learning for step ``t`` waits for the whole
+rollout. Acting and learning are one program: the loss reuses the log-probabilities
+computed while acting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tempo as tp
+from tempo.api import optim
+from tempo.api.distributions import Categorical
+from tempo_rl.algorithms.common import TrainProgram, actor_critic, standardize, truncated_returns
+from tempo_rl.envs import Env
+
+
+@dataclass
+class ReinforceConfig:
+    gamma: float = 0.99
+    learning_rate: float = 3e-3
+    hidden: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    baseline: bool = True
+    vf_coef: float = 0.5
+    normalize_advantages: bool = True
+    max_grad_norm: float | None = 0.5
+
+
+def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
+    ctx = tp.Context(dims=("i", "t"), seed=seed)
+    i, t = ctx.dims
+    _, T = ctx.bounds
+    with ctx:
+        policy, critic = actor_critic(env.obs_dim, env.num_actions, cfg.hidden, cfg.activation, (i,))
+
+        def act(obs):
+            dist = Categorical(policy(obs))
+            action = dist.sample()
+            return action, {"log_prob": dist.log_prob(action)}
+        ro = env.rollout(act, i, t, T)
+        done = tp.max(ro.terminated, ro.truncated)
+        returns = truncated_returns(ro.reward[i, t:T], done[i, t:T], cfg.gamma)
+        advantage = returns
+        value_loss = None
+        if cfg.baseline:
+            value = critic(ro.obs).squeeze(-1)
+            advantage = returns - value.detach()
+            value_loss = ((value - returns) ** 2)[i, 0:T].mean()
+        if cfg.normalize_advantages:
+            advantage = standardize(advantage[i, 0:T])
+        else:
+            advantage = advantage[i, 0:T]
+        policy_loss = -(ro.extras["log_prob"][i, 0:T] * advantage.detach()).mean()
+        loss = policy_loss if value_loss is None else policy_loss + cfg.vf_coef * value_loss
+        loss.backward()
+        params = policy.parameters() + (critic.parameters() if cfg.baseline else [])
+        opt = optim.Adam(params, lr=cfg.learning_rate, max_grad_norm=cfg.max_grad_norm)
+        opt.step()
+    metrics = {"losses/policy_loss": policy_loss}
+    if value_loss is not None:
+        metrics["losses/value_loss"] = value_loss
+    values = {"returns": returns, "advantage": advantage, "reward": ro.reward,
+              "terminated": ro.terminated, "truncated": ro.truncated}
+    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values)

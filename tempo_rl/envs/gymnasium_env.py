@@ -1,0 +1,87 @@
+"""Gymnasium vector environments on the host, stepped by UDF ops.
+
+The environments form the spatial batch dim of the observations (``(num_envs, *obs)``);
+the program's dims are ``(i, t)``: iteration and timestep. Observations are a placeholder:
+the reset at ``(0, 0)``, the last observation of the previous iteration at ``(i+1, 0)``,
+and the step's output at ``(i, t+1)``, so the environment's calls are ordered by data
+dependences alone. Episodes end inside a rollout: ``terminated`` and ``truncated`` are
+kept apart, the final observation of a truncated episode is returned for bootstrapping,
+and the vector env resets finished episodes in the same step.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+import tempo as tp
+from tempo.symbolic.expr import Symbol
+from tempo_rl.envs.base import Policy, Rollout
+
+
+class GymnasiumEnv:
+    """``num_envs`` copies of a registered gymnasium env, reset with ``seed``."""
+
+    def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0):
+        self.env_id, self.num_envs, self.seed = env_id, num_envs, seed
+        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                                 vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+        space = self.envs.single_observation_space
+        self.obs_shape = tuple(space.shape)
+        action_space = self.envs.single_action_space
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.num_actions = int(action_space.n) if self.discrete else None
+        self.action_shape = () if self.discrete else tuple(action_space.shape)
+        self.episode_returns: list[float] = []
+        self.episode_lengths: list[int] = []
+        self._running_return = np.zeros(num_envs)
+        self._running_length = np.zeros(num_envs, np.int64)
+        self._obs: np.ndarray | None = None
+
+    @property
+    def obs_dim(self) -> int:
+        return int(np.prod(self.obs_shape))
+
+    # ---- host side ------------------------------------------------------------------
+    def _reset(self) -> np.ndarray:
+        obs, _ = self.envs.reset(seed=self.seed)
+        self._obs = obs.astype(np.float32)
+        return self._obs
+
+    def _step(self, action: np.ndarray) -> tuple[np.ndarray, ...]:
+        action = action.astype(np.int64) if self.discrete else action
+        obs, reward, terminated, truncated, info = self.envs.step(action)
+        obs = obs.astype(np.float32)
+        final = obs.copy()
+        done = terminated | truncated
+        if done.any() and "final_obs" in info:
+            for k in np.flatnonzero(done):
+                final[k] = info["final_obs"][k]
+        self._record(reward, done)
+        return (obs, reward.astype(np.float32), terminated.astype(np.float32),
+                truncated.astype(np.float32), final)
+
+    def _record(self, reward: np.ndarray, done: np.ndarray) -> None:
+        self._running_return += reward
+        self._running_length += 1
+        for k in np.flatnonzero(done):
+            self.episode_returns.append(float(self._running_return[k]))
+            self.episode_lengths.append(int(self._running_length[k]))
+            self._running_return[k], self._running_length[k] = 0.0, 0
+
+    # ---- program side ------------------------------------------------------------------
+    def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
+        """Acting over ``(i, t)``: ``policy(obs)`` returns the action RT and any extra RTs
+        (log-probabilities, values) that the learner reuses."""
+        n, obs_shape = self.num_envs, self.obs_shape
+        obs = tp.placeholder(shape=(n, *obs_shape), dtype="float32", domain=(i, t))
+        (first,) = tp.udf(self._reset, [], [((n, *obs_shape), "float32")], name="env_reset")
+        action, extras = policy(obs)
+        float_out = [((n,), "float32")] * 3
+        nxt, reward, terminated, truncated, final = tp.udf(
+            self._step, [action], [((n, *obs_shape), "float32"), *float_out,
+                                   ((n, *obs_shape), "float32")], name="env_step")
+        obs[0, 0] = first
+        obs[i + 1, 0] = nxt[i, T - 1]
+        obs[i, t + 1] = nxt
+        return Rollout(obs, action, reward, terminated, truncated, final, extras)

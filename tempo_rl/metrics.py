@@ -1,0 +1,77 @@
+"""Metrics of a training run, as they happen: TensorBoard always, W&B when enabled
+(offline unless told otherwise), and a progress bar. Names follow CleanRL's."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from tempo_rl.envs import Env
+
+
+class MetricLogger:
+    """Called by the program's metric sink once per iteration, while it runs."""
+
+    def __init__(self, out_dir: Path, env: Env, iterations: int, steps_per_iteration: int,
+                 wandb_cfg: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                 progress: bool = True, start_iteration: int = 0):
+        from tensorboardX import SummaryWriter
+        self.env, self.iterations = env, iterations
+        self.steps_per_iteration = steps_per_iteration
+        self.start_iteration = start_iteration
+        self.writer = SummaryWriter(str(out_dir / "tensorboard"), flush_secs=5)
+        self.wandb = _start_wandb(out_dir, wandb_cfg, config) if wandb_cfg else None
+        self.bar = tqdm(total=iterations, desc="training", unit="it", disable=not progress)
+        self._seen_episodes = 0
+        self._clock = time.perf_counter()
+        self.history: list[dict[str, float]] = []
+
+    def start(self) -> None:
+        """The run begins now (after compiling): SPS counts from here."""
+        self._clock = time.perf_counter()
+
+    def global_step(self, iteration: int) -> int:
+        return (self.start_iteration + iteration + 1) * self.steps_per_iteration
+
+    def on_iteration(self, names: list[str], values: list[Any], point: dict[str, int]) -> None:
+        iteration = point["i"]
+        step = self.global_step(iteration)
+        now = time.perf_counter()
+        row = {name: float(v) for name, v in zip(names, values)}
+        row["charts/SPS"] = self.steps_per_iteration / max(now - self._clock, 1e-9)
+        self._clock = now
+        for ret, length in zip(self.env.episode_returns[self._seen_episodes:],
+                               self.env.episode_lengths[self._seen_episodes:]):
+            self._scalar("charts/episodic_return", ret, step)
+            self._scalar("charts/episodic_length", length, step)
+        recent = self.env.episode_returns[-20:]
+        self._seen_episodes = len(self.env.episode_returns)
+        for name, value in row.items():
+            self._scalar(name, value, step)
+        if self.wandb is not None:
+            self.wandb.log({**row, **({"charts/episodic_return": recent[-1]} if recent else {})},
+                           step=step)
+        self.writer.flush()
+        row["iteration"] = iteration
+        self.history.append(row)
+        shown = f"{sum(recent) / len(recent):.1f}" if recent else "-"
+        self.bar.set_postfix(ret=shown, SPS=f"{row['charts/SPS']:.0f}")
+        self.bar.update(1)
+
+    def _scalar(self, name: str, value: float, step: int) -> None:
+        self.writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _start_wandb(out_dir: Path, cfg: dict[str, Any], config: dict[str, Any] | None) -> Any:
+    import wandb
+    return wandb.init(project=cfg.get("project", "tempo"), mode=cfg.get("mode", "offline"),
+                      dir=str(out_dir), config=config, name=cfg.get("name"), reinit=True)
