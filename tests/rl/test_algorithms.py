@@ -38,21 +38,37 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path):
     assert first != other
 
 
-def _loop_holding(node: ast.Node, name: str) -> ast.Loop | None:
-    """The innermost loop whose body runs statement ``name``."""
+def _statements(node: ast.Node | None):
+    if node is None:
+        return
     if isinstance(node, ast.Stmt):
-        return None
+        yield node
+    elif isinstance(node, ast.Seq):
+        for child in node.body:
+            yield from _statements(child)
+    elif isinstance(node, ast.If):
+        yield from _statements(node.then)
+        yield from _statements(node.orelse)
+    else:
+        yield from _statements(node.body)
+
+
+def _loops(node: ast.Node | None):
+    if node is None or isinstance(node, ast.Stmt):
+        return
+    if isinstance(node, ast.Loop):
+        yield node
     children = {ast.Seq: lambda n: n.body, ast.If: lambda n: (n.then, n.orelse),
                 ast.Loop: lambda n: (n.body,)}[type(node)](node)
     for child in children:
-        if child is None:
-            continue
-        inner = _loop_holding(child, name)
-        if inner is not None:
-            return inner
-        if isinstance(node, ast.Loop) and _runs(child, name):
-            return node
-    return None
+        yield from _loops(child)
+
+
+def _t_loop_of(root: ast.Node, name: str) -> ast.Loop:
+    """The loop whose variable is the ``t`` index of statement ``name``."""
+    stmt = next(s for s in _statements(root) if s.name == name)
+    (var,) = stmt.index[1].symbols()
+    return next(loop for loop in _loops(root) if loop.var is var)
 
 
 def _runs(node: ast.Node | None, name: str) -> bool:
@@ -82,9 +98,7 @@ def _learning_shares_the_acting_loop(build, cfg) -> bool:
     names = {s.op.id: name for name, s in exe.schedule.statements.items() if s.kind == "exec"}
     reader = _return_window_reader(exe.graph)
     step = next(op for op in exe.graph.ops.values() if op.label == "env_step")
-    loop = _loop_holding(exe.schedule.root, names[step.id])
-    assert loop is not None
-    return _runs(loop, names[reader.id])
+    return _runs(_t_loop_of(exe.schedule.root, names[step.id]), names[reader.id])
 
 
 def test_nstep_learns_during_the_rollout_and_reinforce_after_it():
