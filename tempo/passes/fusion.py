@@ -14,14 +14,14 @@ do not count as edges of that graph, they are the recurrences that fusion must k
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import islpy as isl
 
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes
-from tempo.ir.ops import op_def, param_symbols, register, resolve_params
+from tempo.ir.ops import param_symbols, register, resolve_params
 from tempo.symbolic.expr import TRUE, Slice, Symbol, linear_form
 
 
@@ -35,8 +35,7 @@ class Member:
     params: dict[str, Any]
     args: tuple[tuple, ...]
     multi: bool
-
-    __hash__ = object.__hash__
+    kernel: Callable[..., Any]
 
 
 def _run_members(xp: Any, p: dict, *inputs: Any) -> tuple:
@@ -44,7 +43,7 @@ def _run_members(xp: Any, p: dict, *inputs: Any) -> tuple:
     for member in p["members"]:
         xs = [inputs[a[1]] if a[0] == "in" else a[1] if a[0] == "const" else values[a[1]][a[2]]
               for a in member.args]
-        out = op_def(member.kind).kernel(xp, member.params, *xs)
+        out = member.kernel(xp, member.params, *xs)
         values.append(out if member.multi else (out,))
     return tuple(values[m][k] for m, k in p["exports"])
 
@@ -264,7 +263,7 @@ def _rebuild(graph: SDG, groups: list[list[int]], order: list[Op], by_op: dict[i
                 src, src_out = source(src, src_out)
                 out.add_edge(Edge(fused, n, src, src_out, phi))
     by_op = {k: points for k, points in by_op.items() if k not in folded}
-    return out, _renamed_needed(graph, by_op, island_of, fused_ops)
+    return out, _renamed_needed(by_op, island_of, fused_ops)
 
 
 def _fuse(graph: SDG, members: list[Op], consumers: dict[int, list[Edge]],
@@ -290,7 +289,7 @@ def _fuse(graph: SDG, members: list[Op], consumers: dict[int, list[Edge]],
                 inputs.append((edge.src, edge.src_out, edge.phi))
             args.append(("in", input_index[key]))
         described.append(Member(op.kind, resolve_params(op.params, bounds), tuple(args),
-                                op.definition.multi_output))
+                                op.definition.multi_output, op.definition.kernel))
     exported = [(op.id, k) for op in members for k in range(len(op.outputs))
                 if any(not (island_of.get(e.sink.id) == island and _same_point(e))
                        for e in consumers[op.id] if e.src_out == k)]
@@ -313,7 +312,7 @@ def _needed_by_op(needed: isl.UnionSet) -> dict[int, isl.Set]:
     return out
 
 
-def _renamed_needed(graph: SDG, by_op: dict[int, isl.Set], island_of: dict[int, int],
+def _renamed_needed(by_op: dict[int, isl.Set], island_of: dict[int, int],
                     fused_ops: list[Op]) -> isl.UnionSet:
     pieces = []
     for op_id, points in by_op.items():

@@ -129,10 +129,10 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     for op in graph.ops.values():
         runtime.check_dtype(op)
     stage("check", graph)
-    analysis = analyze_points(graph, values, ctx.bound_of, roots)
+    needed = analyze_points(graph, values, ctx.bound_of, roots)
     stage("points")
     kept = {rt.op.id for rt in outputs}
-    state = PassState(analysis.needed, values, kept, next_id=max(ctx.graph.ops) + 1)
+    state = PassState(needed, values, kept, next_id=max(ctx.graph.ops) + 1)
     optimized = run_pipeline(graph, state, passes, stage)
     report.notes += state.notes
     try:
@@ -144,7 +144,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
         # them, the unoptimized program is still correct.
         report.notes.append(f"passes undone, the optimized program had no schedule: {err}")
         optimized = graph
-        schedule = build_schedule(graph, values, ctx.bound_of, roots, kept, analysis.needed)
+        schedule = build_schedule(graph, values, ctx.bound_of, roots, kept, needed)
     stage("schedule")
     exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report)
     stage("codegen")

@@ -58,17 +58,11 @@ class Schedule:
     __str__ = pseudo_code
 
 
-@dataclass
-class PointAnalysis:
-    """A checked program's needed points: every point that some root depends on."""
-
-    needed: isl.UnionSet
-
-
 def analyze_points(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                   roots: list[Op]) -> PointAnalysis:
-    """The points the program needs, after checking that every needed point is defined
-    (a branch holds), reads inside its sources' ranges, and meets its requirements.
+                   roots: list[Op]) -> isl.UnionSet:
+    """The points the program needs (every point some root depends on), after checking
+    that every needed point is defined (a branch holds), reads inside its sources'
+    ranges, and meets its requirements.
 
     ``roots`` are the ops whose every point must run (outputs, UDFs)."""
     concrete = Polyhedral(graph, bounds, bound_of)
@@ -77,7 +71,7 @@ def analyze_points(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     check_branches(concrete, needed)
     check_reads(concrete, needed, reads)
     check_requirements(concrete, needed)
-    return PointAnalysis(needed)
+    return needed
 
 
 def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],

@@ -7,8 +7,22 @@ from dataclasses import dataclass, field
 
 import tempo as tp
 from tempo.api import nn, optim
+from tempo.api.distributions import Categorical
 from tempo.api.tensor import RecurrentTensor, arange
 from tempo.symbolic.expr import Expr
+
+
+@dataclass
+class ActorCriticConfig:
+    """Options every actor-critic builder here shares (CleanRL's names)."""
+
+    gamma: float = 0.99
+    learning_rate: float = 1e-3
+    hidden: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    vf_coef: float = 0.5
+    normalize_advantages: bool = True
+    max_grad_norm: float | None = 0.5
 
 
 @dataclass
@@ -54,6 +68,19 @@ def standardize(x: RecurrentTensor, eps: float = 1e-8) -> RecurrentTensor:
     """``(x - mean) / (std + eps)`` over all of ``x``'s entries."""
     centered = x - x.mean()
     return centered / ((centered * centered).mean().sqrt() + eps)
+
+
+def sampling_policy(policy: nn.Module, entropy: bool = False):
+    """``obs -> (action, extras)`` for ``env.rollout``: a categorical sample from the
+    policy's logits, with its log-probability (and entropy) for the learner to reuse."""
+    def act(obs: RecurrentTensor):
+        dist = Categorical(policy(obs))
+        action = dist.sample()
+        extras = {"log_prob": dist.log_prob(action)}
+        if entropy:
+            extras["entropy"] = dist.entropy()
+        return action, extras
+    return act
 
 
 def actor_critic(obs_dim: int, num_actions: int, hidden: tuple[int, ...], activation: str,

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import tempo as tp
 from tempo.api import optim
-from tempo.api.distributions import Categorical
 from tempo_rl.algorithms.common import (
+    ActorCriticConfig,
     TrainProgram,
     actor_critic,
     last_included,
+    sampling_policy,
     standardize,
     truncated_returns,
 )
@@ -26,16 +27,9 @@ from tempo_rl.envs import Env
 
 
 @dataclass
-class NStepConfig:
+class NStepConfig(ActorCriticConfig):
     n: int = 5
-    gamma: float = 0.99
-    learning_rate: float = 1e-3
-    hidden: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    vf_coef: float = 0.5
     ent_coef: float = 0.01
-    normalize_advantages: bool = True
-    max_grad_norm: float | None = 0.5
 
 
 def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
@@ -44,12 +38,7 @@ def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
     _, T = ctx.bounds
     with ctx:
         policy, critic = actor_critic(env.obs_dim, env.num_actions, cfg.hidden, cfg.activation, (i,))
-
-        def act(obs):
-            dist = Categorical(policy(obs))
-            action = dist.sample()
-            return action, {"log_prob": dist.log_prob(action), "entropy": dist.entropy()}
-        ro = env.rollout(act, i, t, T)
+        ro = env.rollout(sampling_policy(policy, entropy=True), i, t, T)
         done = tp.max(ro.terminated, ro.truncated)
         value = critic(ro.obs).squeeze(-1)
         # Value of the state each step led to, 0 where the episode terminated there.

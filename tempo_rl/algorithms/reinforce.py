@@ -12,21 +12,21 @@ from dataclasses import dataclass
 
 import tempo as tp
 from tempo.api import optim
-from tempo.api.distributions import Categorical
-from tempo_rl.algorithms.common import TrainProgram, actor_critic, standardize, truncated_returns
+from tempo_rl.algorithms.common import (
+    ActorCriticConfig,
+    TrainProgram,
+    actor_critic,
+    sampling_policy,
+    standardize,
+    truncated_returns,
+)
 from tempo_rl.envs import Env
 
 
 @dataclass
-class ReinforceConfig:
-    gamma: float = 0.99
+class ReinforceConfig(ActorCriticConfig):
     learning_rate: float = 3e-3
-    hidden: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
     baseline: bool = True
-    vf_coef: float = 0.5
-    normalize_advantages: bool = True
-    max_grad_norm: float | None = 0.5
 
 
 def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
@@ -35,12 +35,7 @@ def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
     _, T = ctx.bounds
     with ctx:
         policy, critic = actor_critic(env.obs_dim, env.num_actions, cfg.hidden, cfg.activation, (i,))
-
-        def act(obs):
-            dist = Categorical(policy(obs))
-            action = dist.sample()
-            return action, {"log_prob": dist.log_prob(action)}
-        ro = env.rollout(act, i, t, T)
+        ro = env.rollout(sampling_policy(policy), i, t, T)
         done = tp.max(ro.terminated, ro.truncated)
         returns = truncated_returns(ro.reward[i, t:T], done[i, t:T], cfg.gamma)
         advantage = returns
