@@ -43,7 +43,8 @@ def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) ->
     """The algorithm's dataclass from the config's algorithm and network groups; unknown
     keys are an error, not ignored."""
     fields = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in {**cfg, **network}.items() if k not in ("name", "num_steps")}
+    values = {k: v for k, v in {**cfg, **network}.items()
+              if k != "name" and (k != "num_steps" or "num_steps" in fields)}
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ValueError(f"{cls.__name__} has no option(s) {unknown}; it has {sorted(fields)}")
@@ -73,8 +74,7 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
                           wandb_cfg=logs.get("wandb") if logs.get("wandb", {}).get("enabled") else None,
                           config=cfg, progress=progress)
     ctx = program.ctx
-    i, _ = ctx.dims
-    I, T = ctx.bounds
+    i, I = ctx.dims[0], program.bound("i")
     names = list(program.metrics)
     every = int(cfg.get("checkpoint_every") or 0)
     target = out_dir / "checkpoints" / "last.npz"
@@ -84,7 +84,7 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
         when = i == I - 1 if every <= 0 else ((i + 1) % every == 0) | (i == I - 1)
         checkpoint.save(program.state, target, when=when)
     start = time.perf_counter()
-    exe = ctx.compile({I: iterations, T: num_steps}, backend=cfg.get("backend", "numpy"))
+    exe = ctx.compile(program.bounds(iterations, num_steps), backend=cfg.get("backend", "numpy"))
     compiled = time.perf_counter()
     if cfg.get("compile_report"):
         print(exe.report)

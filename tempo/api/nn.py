@@ -2,12 +2,15 @@
 
 A parameter with a domain (``domain=(i,)``) is a placeholder cycle over that dim: its
 initial value at ``i = 0`` is a constant, and an optimizer's ``step()`` defines it at
-``i + 1``. Without a domain it is a constant leaf. Either way it ``requires_grad``.
-Initial values are drawn with NumPy from the context seed, so programs are reproducible.
+``i + 1``. With ``domain=(i, u)`` it is updated several times per iteration (PPO's epochs
+of minibatches): at ``(i, u + 1)``, and at ``(i + 1, 0)`` from the iteration's last
+update. Without a domain it is a constant leaf. Either way it ``requires_grad``. Initial
+values are drawn with NumPy from the context seed, so programs are reproducible.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -68,17 +71,18 @@ class Parameter:
         self.name = name
         self.initial = constant(ctx, np.asarray(init, np.float32))
         dims = ctx.ordered(domain)
-        if len(dims) > 1:
+        if len(dims) > 2:
             raise TempoError(f"parameter {name} varies over {len(dims)} dims; parameters vary "
-                             f"over one iteration dim at most", user_site())
-        self.dim: Symbol | None = dims[0] if dims else None
-        if self.dim is None:
+                             f"over an iteration dim and, within it, an update dim at most",
+                             user_site())
+        self.dims: tuple[Symbol, ...] = dims
+        if not dims:
             self.value = self.initial
         else:
             value = ctx.add_op("merge", [], {"out_type": self.initial.type}, domain=dims,
                                phis=[], label=name)
             self.value = RecurrentTensor(ctx, value)
-            self.value[0] = self.initial
+            self.value[(0,) * len(dims)] = self.initial
         ctx.leaves.add(self.value.op.id)
 
     def load(self, array: np.ndarray) -> None:
@@ -130,6 +134,23 @@ class Module:
             if name not in values:
                 raise TempoError(f"checkpoint has no value for parameter {name}")
             p.load(values[name])
+
+    def at(self, *index: Any) -> Module:
+        """This module with every parameter read at ``index`` instead of at the basis point
+        (``policy.at(i, 0)``: the parameters before an iteration's first update, for acting
+        while the learner updates them over ``(i, u)``). Shares the parameters; defines none."""
+        view = copy.copy(self)
+        swap: dict[int, Any] = {id(m): m.at(*index) for m in self._modules.values()}
+        swap.update({id(p.value): p.value[index] for p in self._params.values() if p.dims})
+        view._modules = {name: swap[id(m)] for name, m in self._modules.items()}
+        for name, attr in vars(self).items():
+            if name in ("_params", "_modules"):
+                continue
+            if id(attr) in swap:
+                setattr(view, name, swap[id(attr)])
+            elif isinstance(attr, (list, tuple)) and any(id(a) in swap for a in attr):
+                setattr(view, name, type(attr)(swap.get(id(a), a) for a in attr))
+        return view
 
     def __call__(self, x: RecurrentTensor) -> RecurrentTensor:
         return self.forward(x)

@@ -1,6 +1,7 @@
 """Optimizers as recurrences over the parameters' iteration dim.
 
-``step()`` defines each parameter at ``i + 1`` from its value and gradient at ``i``;
+``step()`` defines each parameter at ``i + 1`` from its value and gradient at ``i``
+(over ``(i, u)``: at ``(i, u + 1)`` and, after an iteration's last update, ``(i + 1, 0)``);
 optimizer state (momenta, step count) is a placeholder cycle over the same dim, with a
 loadable initial value. The learning rate may be any RT (``3e-4 * 0.99 ** i``). The
 update rules follow optax's (``optax.adam`` and friends), so trajectories match it.
@@ -30,12 +31,34 @@ class State:
         op = ctx.add_op("merge", [], {"out_type": self.initial.type}, domain=domain, phis=[],
                         label=name)
         self.value = RecurrentTensor(ctx, op)
-        self.value[0] = self.initial
+        self.value[(0,) * len(domain)] = self.initial
         self.next: RecurrentTensor | None = None
 
     def define_next(self, value: RecurrentTensor) -> None:
-        self.value[self.value.domain[0] + 1] = value
+        define_next_step(self.value, value)
         self.next = value
+
+
+def define_next_step(x: RecurrentTensor, new: RecurrentTensor) -> None:
+    """Define placeholder ``x`` at the step after each point as ``new`` there.
+
+    Over ``(i,)``: ``x[i+1] = new``. Over ``(i, u)`` (several updates per iteration):
+    ``x[i, u+1] = new`` and ``x[i+1, 0] = new[i, U-1]``."""
+    if len(x.domain) == 1:
+        x[x.domain[0] + 1] = new
+        return
+    outer, inner = x.domain
+    x[outer, inner + 1] = new
+    x[outer + 1, 0] = new[outer, x.ctx.bound_of[inner] - 1]
+
+
+def after_last_update(x: RecurrentTensor) -> RecurrentTensor:
+    """``x`` (an RT over a parameter's domain) at an iteration's last update, or ``x`` itself
+    for parameters updated once per iteration: a value per iteration."""
+    if len(x.domain) < 2:
+        return x
+    outer, inner = x.domain[:2]
+    return x[outer, x.ctx.bound_of[inner] - 1]
 
 
 
@@ -50,6 +73,10 @@ class Optimizer:
         self.ctx = self.params[0].ctx
         for p in self.params:
             _check_parameter(p)
+        domains = {p.domain for p in self.params}
+        if len(domains) > 1:
+            raise TempoError(f"the parameters vary over different dims ({sorted(str(d) for d in domains)}); "
+                             f"one optimizer steps parameters of one domain", user_site())
         self.lr = lr
         self.max_grad_norm = max_grad_norm
         self.states: dict[str, State] = {}
@@ -80,10 +107,10 @@ class Optimizer:
         count.define_next(count.value + 1.0)
         for k, (p, g) in enumerate(zip(self.params, grads)):
             new = p - self.lr * self.direction(k, p, g, count.value + 1.0)
-            p[p.domain[0] + 1] = new
-            self.next_values[f"param{k}"] = new
+            define_next_step(p, new)
+            self.next_values[f"param{k}"] = after_last_update(new)
         for name, state in self.states.items():
-            self.next_values[name] = state.next
+            self.next_values[name] = after_last_update(state.next)
 
     def checkpoint_state(self) -> dict[str, RecurrentTensor]:
         """Everything a resumed run needs (parameters and state), as of the next iteration."""
@@ -211,7 +238,7 @@ def _power(ctx: Context, base: float, exponent: RecurrentTensor) -> RecurrentTen
 def _check_parameter(p: RecurrentTensor) -> None:
     if not isinstance(p, RecurrentTensor) or not p.requires_grad:
         raise TempoError(f"{p!r} is not a parameter (a tensor that requires grad)", user_site())
-    if p.op.kind != "merge" or len(p.domain) != 1:
+    if p.op.kind != "merge" or len(p.domain) not in (1, 2):
         raise TempoError(f"{p!r} does not vary over an iteration dim: create modules with "
-                         f"domain=(i,) so that the optimizer can define the next iteration",
-                         user_site())
+                         f"domain=(i,) (or (i, u) for several updates per iteration) so that "
+                         f"the optimizer can define the next step", user_site())

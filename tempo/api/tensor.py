@@ -153,6 +153,11 @@ class RecurrentTensor:
         """Index of the largest entry along spatial ``dim`` (int32)."""
         return self._apply("argmax", dim=dim)
 
+    def argsort(self, dim: int = -1) -> RecurrentTensor:
+        """Indices that sort spatial ``dim`` ascending (stable; int32). On uniform random
+        keys this is a random permutation."""
+        return self._apply("argsort", dim=dim)
+
     # ---- autodiff ---------------------------------------------------------------------
     @property
     def requires_grad(self) -> bool:

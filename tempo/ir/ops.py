@@ -8,6 +8,7 @@ values, RNG, UDFs) run on the host with the point they execute at.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,16 +82,24 @@ def normalize_dim(dim: int, ndim: int) -> int:
 def result_dtype(*dtypes: Any) -> str:
     """Promotion as in JAX: floats win over ints without widening (int32 * float32 is
     float32); within a kind, the wider type."""
-    kinds = {np.dtype(d).kind for d in dtypes}
-    floats = [d for d in dtypes if np.dtype(d).kind in "fc"]
+    return _result_dtype(tuple(np.dtype(d) for d in dtypes))
+
+
+@functools.cache
+def _result_dtype(dtypes: tuple[np.dtype, ...]) -> str:
+    kinds = {d.kind for d in dtypes}
+    floats = [d for d in dtypes if d.kind in "fc"]
     if floats and kinds - {"f", "c"}:
         return np.result_type(*floats).name
     return np.result_type(*dtypes).name
 
 
 def _promote(a: Any, b: Any) -> tuple[Any, Any]:
+    """Both operands in their common dtype (kernels run per point: no copy when it holds)."""
+    if a.dtype == b.dtype:
+        return a, b
     dtype = result_dtype(a.dtype, b.dtype)
-    return a.astype(dtype), b.astype(dtype)
+    return a.astype(dtype, copy=False), b.astype(dtype, copy=False)
 
 
 def _same(t: TensorType, **_: Any) -> tuple[TensorType, ...]:
@@ -364,6 +373,15 @@ def _infer_argmax(x: TensorType, dim: int) -> tuple[TensorType]:
 
 register("argmax", _infer_argmax,
          lambda xp, p, x: xp.argmax(x, axis=p["dim"]).astype("int32"))
+
+
+def _infer_argsort(x: TensorType, dim: int) -> tuple[TensorType]:
+    normalize_dim(dim, x.ndim)
+    return (TensorType(x.shape, "int32"),)
+
+
+register("argsort", _infer_argsort,
+         lambda xp, p, x: xp.argsort(x, axis=p["dim"], stable=True).astype("int32"))
 
 
 def _infer_scatter_take(g: TensorType, idx: TensorType, dim: int, size: Expr) -> tuple[TensorType]:

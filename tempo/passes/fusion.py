@@ -8,8 +8,9 @@ and on JAX the island is one jitted XLA computation instead of one dispatch per 
 
 An island must not be left and re-entered (``a -> sum over t -> b`` with ``a`` and ``b``
 fused would make every point wait for itself), so islands grow only while the graph of
-islands stays acyclic; reads of strictly earlier points by placeholders (``h[t-1]``)
-do not count as edges of that graph, they are the recurrences that fusion must keep.
+islands stays acyclic; reads of strictly earlier points by placeholders (``h[t-1]``), and
+of a placeholder's strictly later points (``a[t+1]``), do not count as edges of that graph:
+they are the recurrences that fusion must keep.
 """
 
 from __future__ import annotations
@@ -105,16 +106,22 @@ def _same_point(edge: Edge) -> bool:
             and all(e is d for e, d in zip(edge.phi, edge.sink.domain)))
 
 
-def _strictly_earlier(edge: Edge) -> bool:
-    """The sink at ``p`` reads one source point lexicographically before ``p`` (``t-1``,
-    or ``[i-1, T-1]``), over dims shared in order."""
+def _shift(edge: Edge) -> int:
+    """-1 if the sink at ``p`` reads one source point lexicographically before ``p`` (``t-1``,
+    or ``[i-1, T-1]``), +1 if one after it (``t+1``), over dims shared in order; else 0."""
     for k, (dim, entry) in enumerate(zip(edge.src.domain, edge.phi)):
         if isinstance(entry, Slice) or k >= len(edge.sink.domain) or edge.sink.domain[k] is not dim:
-            return False
+            return 0
         if entry is not dim:
             form = linear_form(entry - dim)
-            return form is not None and not form[0] and form[1] < 0
-    return False
+            if form is None or form[0] or form[1] == 0:
+                return 0
+            return -1 if form[1] < 0 else 1
+    return 0
+
+
+def _strictly_earlier(edge: Edge) -> bool:
+    return _shift(edge) < 0
 
 
 def _is_constant(op: Op) -> bool:
@@ -122,9 +129,14 @@ def _is_constant(op: Op) -> bool:
 
 
 def _dag_edges(graph: SDG) -> Iterable[tuple[int, int]]:
-    """Producer -> consumer, leaving out placeholder branches that read earlier points."""
+    """Producer -> consumer, leaving out the edges that close recurrences: placeholder
+    branches that read earlier points (``s[t+1] = s + x``) and reads of a placeholder's
+    later points (GAE's ``a[t] = d + c * a[t+1]``). They link different points, so they
+    cannot make a point wait for itself."""
     for edge in graph.edges():
-        if not (edge.sink.kind == "merge" and _strictly_earlier(edge)):
+        closes = (edge.sink.kind == "merge" and _shift(edge) < 0) or (
+            edge.src.kind == "merge" and _shift(edge) > 0)
+        if not closes:
             yield edge.src.id, edge.sink.id
 
 

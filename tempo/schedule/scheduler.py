@@ -27,6 +27,7 @@ from tempo.schedule.polyhedral import (
     check_requirements,
     needed_points,
 )
+from tempo.schedule.tree import schedule_tree
 from tempo.symbolic.expr import Symbol
 
 
@@ -97,7 +98,7 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     # are decided instead of becoming branches of the program.
     times = poly.fix_params(_with_frees(poly, poly_needed, live_reads, schedule, kept))
     build = isl.AstBuild.from_context(isl.Set("{ : }", context=ISL))
-    root = ast.from_isl(build.node_from_schedule_map(times), {})
+    root = ast.from_isl(build.node_from_schedule(schedule_tree(times.domain(), times)), {})
     return Schedule(root, statements, schedule)
 
 
@@ -171,31 +172,56 @@ def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[S
 
 
 def _bound_relative_boxes(poly: Polyhedral, concrete: isl.UnionSet) -> isl.UnionSet | None:
-    """Each op's concrete needed points as a box whose upper ends are written relative to
-    the bounds (``0 <= i <= I - 2``), when that describes every op exactly at the concrete
-    bounds. A chain that the parametric fixpoint walks one step per round
-    (``s[I-1] <- s[I-2] <- ...``) would otherwise need isl's transitive closure, which is
-    slow for large programs; only the concrete bounds are ever run."""
+    """Each op's concrete needed points written relative to the bounds (``0 <= i <= I - 2``),
+    when that describes every op exactly at the concrete bounds. A chain that the
+    parametric fixpoint walks one step per round (``s[I-1] <- s[I-2] <- ...``) would
+    otherwise need isl's transitive closure, which is slow for large programs; only the
+    concrete bounds are ever run."""
     out = isl.UnionSet("{ }", context=ISL)
     for op in poly.graph.ops.values():
-        box = poly.box(op)
-        points = concrete.intersect(poly.fix_params(box))
+        points = concrete.intersect(poly.fix_params(poly.box(op)))
         if points.is_empty():
             continue
-        piece = isl.Set.from_union_set(points)
-        constraints = []
-        for k, dim in enumerate(op.domain):
-            lo, hi = piece.dim_min_val(k).to_python(), piece.dim_max_val(k).to_python()
-            bound = poly.bound_of[dim]
-            gap = poly.bounds[bound] - hi
-            constraints.append(f"{lo} <= a{k} <= {poly.params[bound]} - {gap}")
-        vars_ = ", ".join(f"a{k}" for k in range(len(op.domain)))
-        guess = box.intersect(poly.union_set(
-            f"{{ {poly.name(op)}[{vars_}] : {' and '.join(constraints) or 'true'} }}"))
-        if not poly.fix_params(guess).is_equal(points):
+        guess = _relative_guess(poly, op, points)
+        if guess is None:
             return None
         out = out.union(guess)
     return out
+
+
+def _relative_guess(poly: Polyhedral, op: Op, points: isl.UnionSet) -> isl.UnionSet | None:
+    """``points`` of ``op`` as, in turn: a box with bound-relative upper ends; that box up to
+    its lexicographic maximum (an iteration's last update not needed); either, cut by what
+    else bounds the points inside it (``u mod 4 = 0``). None if none agrees."""
+    piece = isl.Set.from_union_set(points)
+    vars_ = [f"a{k}" for k in range(len(op.domain))]
+    relative = [f"{poly.params[poly.bound_of[d]]} - {poly.bounds[poly.bound_of[d]] - v}"
+                for d, v in zip(op.domain, _lexmax(piece))]
+    box = [f"{piece.dim_min_val(k).to_python()} <= a{k} <= {poly.params[poly.bound_of[d]]} - "
+           f"{poly.bounds[poly.bound_of[d]] - piece.dim_max_val(k).to_python()}"
+           for k, d in enumerate(op.domain)]
+    lex = " or ".join(
+        "(" + " and ".join([f"{v} = {m}" for v, m in zip(vars_[:k], relative[:k])]
+                           + [f"{vars_[k]} {'<=' if k == len(vars_) - 1 else '<'} {relative[k]}"]) + ")"
+        for k in range(len(vars_)))
+    whole = poly.box(op)
+    for constraints in (box, [*box, f"({lex})"] if vars_ else None):
+        if constraints is None:
+            continue
+        guess = whole.intersect(poly.union_set(
+            f"{{ {poly.name(op)}[{', '.join(vars_)}] : {' and '.join(constraints) or 'true'} }}"))
+        if poly.fix_params(guess).is_equal(points):
+            return guess
+        cut = guess.intersect(points.gist(poly.fix_params(guess)))
+        if poly.fix_params(cut).is_equal(points):
+            return cut
+    return None
+
+
+def _lexmax(piece: isl.Set) -> list[int]:
+    point = piece.lexmax().sample_point()
+    return [point.get_coordinate_val(isl.dim_type.set, k).to_python()
+            for k in range(piece.dim(isl.dim_type.set))]
 
 
 def _simplest_agreeing(poly: Polyhedral, needed: isl.UnionSet, concrete: isl.UnionSet

@@ -1,4 +1,4 @@
-"""RL algorithms, each an RT program builder over dims ``(i, t)``.
+"""RL algorithms, each an RT program builder over dims ``(i, t)`` (PPO: ``(i, u, t)``).
 
 ``ALGORITHMS`` maps a config name to the algorithm's config dataclass and builder
 ``build(env, cfg, seed) -> TrainProgram``; adding an algorithm is adding a module and an
@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tempo_rl.algorithms import nstep, reinforce
+from tempo_rl.algorithms import nstep, ppo, reinforce
 from tempo_rl.algorithms.common import TrainProgram
 
 ALGORITHMS: dict[str, tuple[type, Callable[..., TrainProgram]]] = {
+    "ppo": (ppo.PPOConfig, ppo.build),
     "reinforce": (reinforce.ReinforceConfig, reinforce.build),
     "nstep": (nstep.NStepConfig, nstep.build),
 }

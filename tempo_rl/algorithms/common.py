@@ -9,7 +9,7 @@ import tempo as tp
 from tempo.api import nn, optim
 from tempo.api.distributions import Categorical
 from tempo.api.tensor import RecurrentTensor, arange
-from tempo.symbolic.expr import Expr
+from tempo.symbolic.expr import Expr, Symbol
 
 
 @dataclass
@@ -27,7 +27,8 @@ class ActorCriticConfig:
 
 @dataclass
 class TrainProgram:
-    """An RL algorithm as one RT program over dims ``(i, t)``: acting and learning.
+    """An RL algorithm as one RT program over dims ``(i, t)`` (PPO adds ``u``, the update
+    within an iteration): acting and learning.
 
     ``metrics`` are scalars per iteration (domain ``(i,)``), named as CleanRL names them;
     ``state`` are the RTs a checkpoint holds (parameters and optimizer state, as of
@@ -40,6 +41,20 @@ class TrainProgram:
     optimizer: optim.Optimizer | None = None
     values: dict[str, RecurrentTensor] = field(default_factory=dict)
     """Named intermediate RTs (returns, advantages, ...), for inspection and tests."""
+    fixed_bounds: dict[Symbol, int] = field(default_factory=dict)
+    """Bounds the builder fixed (PPO's rollout length and updates per iteration)."""
+
+    def bound(self, dim: str) -> Symbol:
+        """The bound symbol of the dim named ``dim`` (``"i"``, ``"t"``)."""
+        return next(b for d, b in self.ctx.bound_of.items() if d.name == dim)
+
+    def bounds(self, iterations: int, num_steps: int) -> dict[Symbol, int]:
+        """Every bound of the program, for ``iterations`` rollouts of ``num_steps`` steps."""
+        bounds = {self.bound("i"): iterations, self.bound("t"): num_steps}
+        fixed = self.fixed_bounds.get(self.bound("t"), num_steps)
+        if fixed != num_steps:
+            raise ValueError(f"the program was built for rollouts of {fixed} steps, not {num_steps}")
+        return {**bounds, **self.fixed_bounds}
 
 
 def alive_before(done: RecurrentTensor) -> RecurrentTensor:

@@ -78,3 +78,55 @@ def test_optimizer_needs_parameters_over_an_iteration_dim():
             optim.Adam([w], 1e-3)
         with pytest.raises(tp.TempoError, match="not a parameter"):
             optim.Adam([tp.const(np.ones(3, np.float32))], 1e-3)
+
+
+def test_several_updates_per_iteration_match_optax():
+    """Parameters over ``(i, u)``: U Adam steps on minibatches within each iteration, the
+    next iteration starting from the last; ``model.at(i, 0)`` reads each iteration's start."""
+    iterations, updates = 3, 4
+    batches = X.reshape(updates, 4, 1)
+    ctx = tp.Context(dims=("i", "u"))
+    i, u = ctx.dims
+    I, U = ctx.bounds
+    with ctx:
+        model = nn.MLP(1, [8], 1, activation="tanh", domain=(i, u))
+        init = {n: p.initial.op.params["value"].copy() for n, p in model.named_parameters()}
+        xb = tp.const(batches)[u]
+        loss = ((model(xb) - xb.sin()) ** 2).mean()
+        loss.backward()
+        adam = optim.Adam(model.parameters(), 0.01, max_grad_norm=0.5)
+        adam.step()
+        start = model.at(i, 0)(tp.const(X))
+        saved = adam.checkpoint_state()
+    outputs = [*model.parameters(), start, saved["param0"]]
+    res = ctx.compile(bounds={I: iterations, U: updates}, outputs=outputs, backend="numpy").run()
+
+    tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(0.01))
+    params = {n: jnp.asarray(v) for n, v in init.items()}
+    state = tx.init(params)
+    trajectory = []
+    for step in range(iterations * updates):
+        trajectory.append(params)
+        xb = batches[step % updates]
+        grads = jax.grad(lambda p: ((_mlp_jax(p, xb) - np.sin(xb)) ** 2).mean())(params)
+        upd, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, upd)
+    trajectory.append(params)
+    for (n, _), p in zip(model.named_parameters(), model.parameters()):
+        expected = np.stack([np.asarray(t[n]) for t in trajectory[:-1]]).reshape(res[p].shape)
+        np.testing.assert_allclose(res[p], expected, rtol=1e-5, atol=1e-5, err_msg=n)
+    starts = np.stack([np.asarray(_mlp_jax(trajectory[k * updates], X)) for k in range(iterations)])
+    np.testing.assert_allclose(res[start], starts, rtol=1e-5, atol=1e-5)
+    after = np.stack([np.asarray(trajectory[(k + 1) * updates]["layer0.weight"])
+                      for k in range(iterations)])
+    np.testing.assert_allclose(res[saved["param0"]], after, rtol=1e-5, atol=1e-5)
+
+
+def test_one_optimizer_steps_parameters_of_one_domain():
+    ctx = tp.Context(dims=("i", "u"))
+    i, u = ctx.dims
+    with ctx:
+        a = nn.Linear(2, 2, domain=(i,))
+        b = nn.Linear(2, 2, domain=(i, u))
+        with pytest.raises(tp.TempoError, match="one optimizer steps parameters of one domain"):
+            optim.Adam(a.parameters() + b.parameters(), 1e-3)

@@ -82,3 +82,16 @@ def test_non_affine_dependence_names_the_line(ctx):
         y = x[t * t]
     with pytest.raises(tp.UnsupportedExpressionError, match="test_tensor.py"):
         ctx.compile({I: 1, T: 4}, [y], backend="numpy")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_argsort_of_random_keys_is_a_permutation(backend):
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        keys = tp.uniform((10,), domain=(t,))
+        perm = keys.argsort()
+    res = ctx.compile({T: 5}, outputs=[keys, perm], backend=backend).run()
+    np.testing.assert_array_equal(res[perm], np.argsort(res[keys], axis=-1, stable=True))
+    assert all(sorted(row) == list(range(10)) for row in res[perm].tolist())
+    assert len({tuple(row) for row in res[perm].tolist()}) == 5   # a new draw at every t

@@ -21,9 +21,20 @@ def test_reinforce_learns_cartpole(tmp_path):
     assert result.mean_return(last=20) >= 200, result.episode_returns[-20:]
 
 
-def test_nstep_learns_cartpole(tmp_path):
-    """The default config: 256k env steps (1000 iterations x 32 steps x 8 envs)."""
+def test_ppo_learns_cartpole_with_the_default_config(tmp_path):
+    """`python scripts/train.py`: PPO, 256k env steps (500 iterations x 64 steps x 8 envs,
+    4 epochs x 4 minibatches each); a random policy scores ~22."""
     result = train(config(), tmp_path, progress=False)
+    assert result.mean_return(last=20) >= 400, result.episode_returns[-20:]
+    names = set().union(*(row.keys() for row in result.history))
+    assert {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
+            "losses/clipfrac", "losses/explained_variance", "charts/learning_rate",
+            "charts/SPS"} <= names
+
+
+def test_nstep_learns_cartpole(tmp_path):
+    """n-step A2C (n = 16): 256k env steps (1000 iterations x 32 steps x 8 envs)."""
+    result = train(config("algorithm=nstep"), tmp_path, progress=False)
     assert result.mean_return(last=20) >= 400, result.episode_returns[-20:]
     names = set().union(*(row.keys() for row in result.history))
     assert {"losses/policy_loss", "losses/value_loss", "losses/entropy", "charts/SPS"} <= names

@@ -30,7 +30,7 @@ def test_multirun_writes_metrics_checkpoints_and_wandb(tmp_path):
         events.Reload()
         tags = set(events.Tags()["scalars"])
         assert {"charts/episodic_return", "charts/episodic_length", "charts/SPS",
-                "losses/policy_loss", "losses/value_loss", "losses/entropy"} <= tags
+                "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"} <= tags
         assert len(events.Scalars("charts/SPS")) == 16  # one per iteration: 1024 / (16 x 4)
         saved = checkpoint.load(job / "checkpoints" / "last.npz")
         assert saved[checkpoint.POINT_KEY][0] == 15  # the last iteration
