@@ -13,7 +13,9 @@ from tempo_rl.envs import Env
 
 
 class MetricLogger:
-    """Called by the program's metric sink once per iteration, while it runs."""
+    """Called by the program's metric sink once per iteration, while it runs.
+
+    ``iterations`` is the whole run's; a resumed run starts at ``start_iteration``."""
 
     def __init__(self, out_dir: Path, env: Env, iterations: int, steps_per_iteration: int,
                  wandb_cfg: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
@@ -21,10 +23,10 @@ class MetricLogger:
         from tensorboardX import SummaryWriter
         self.env, self.iterations = env, iterations
         self.steps_per_iteration = steps_per_iteration
-        self.start_iteration = start_iteration
         self.writer = SummaryWriter(str(out_dir / "tensorboard"), flush_secs=5)
         self.wandb = _start_wandb(out_dir, wandb_cfg, config) if wandb_cfg else None
-        self.bar = tqdm(total=iterations, desc="training", unit="it", disable=not progress)
+        self.bar = tqdm(total=iterations, initial=start_iteration, desc="training", unit="it",
+                        disable=not progress)
         self._seen_episodes = 0
         self._clock = time.perf_counter()
         self.history: list[dict[str, float]] = []
@@ -34,7 +36,9 @@ class MetricLogger:
         self._clock = time.perf_counter()
 
     def global_step(self, iteration: int) -> int:
-        return (self.start_iteration + iteration + 1) * self.steps_per_iteration
+        """Env steps taken by the end of ``iteration`` (counted from the run's start, also
+        in a resumed run, whose sinks see the iterations of the run it continues)."""
+        return (iteration + 1) * self.steps_per_iteration
 
     def on_iteration(self, names: list[str], values: list[Any], point: dict[str, int]) -> None:
         iteration = point["i"]

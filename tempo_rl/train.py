@@ -13,7 +13,7 @@ import numpy as np
 
 import tempo as tp
 from tempo.api import checkpoint
-from tempo_rl.algorithms import algorithm
+from tempo_rl.algorithms import TrainProgram, algorithm
 from tempo_rl.envs import Env, GymnasiumEnv
 from tempo_rl.metrics import MetricLogger
 
@@ -53,8 +53,16 @@ def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) ->
     return cls(**values)
 
 
+ENV_KEY = "__env__"
+"""Checkpoint entry holding the env's pickled state (bytes as uint8)."""
+
+
 def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainResult:
-    """Run the training ``cfg`` describes (the Hydra config as a plain dict)."""
+    """Run the training ``cfg`` describes (the Hydra config as a plain dict).
+
+    With ``resume_from``, the run continues the checkpointed one exactly: parameters,
+    optimizer state, the env's episodes in progress, and (through the program's origin)
+    the random draws and iteration-dependent values such as the annealed learning rate."""
     out_dir = Path(out_dir)
     seed = int(cfg["seed"])
     env = make_env(cfg["env"], seed)
@@ -63,16 +71,18 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     program = build(env, algorithm_config(cls, algo, cfg.get("network", {})), seed=seed)
     num_steps = int(algo["num_steps"])
     per_iteration = num_steps * env.num_envs
-    iterations = int(cfg["total_timesteps"]) // per_iteration
-    if iterations < 1:
+    total = int(cfg["total_timesteps"]) // per_iteration
+    if total < 1:
         raise ValueError(f"total_timesteps={cfg['total_timesteps']} is less than one iteration "
                          f"({num_steps} steps x {env.num_envs} envs)")
-    if cfg.get("resume_from"):
-        program.optimizer.load_state(checkpoint.load(cfg["resume_from"]))
+    first = _resume(program, env, cfg["resume_from"]) if cfg.get("resume_from") else 0
+    if first >= total:
+        raise ValueError(f"the checkpoint is at iteration {first - 1}; total_timesteps="
+                         f"{cfg['total_timesteps']} has {total} iterations, none left to run")
     logs = cfg.get("logger", {})
-    logger = MetricLogger(out_dir, env, iterations, per_iteration,
+    logger = MetricLogger(out_dir, env, total, per_iteration,
                           wandb_cfg=logs.get("wandb") if logs.get("wandb", {}).get("enabled") else None,
-                          config=cfg, progress=progress)
+                          config=cfg, progress=progress, start_iteration=first)
     ctx = program.ctx
     i, I = ctx.dims[0], program.bound("i")
     names = list(program.metrics)
@@ -81,17 +91,46 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     with ctx:
         tp.sink([program.metrics[n] for n in names],
                 lambda values, point: logger.on_iteration(names, values, point), name="metrics")
-        when = i == I - 1 if every <= 0 else ((i + 1) % every == 0) | (i == I - 1)
-        checkpoint.save(program.state, target, when=when)
+        # Sinks see the whole run's iteration numbers (the origin): i + first here.
+        when = i == I - 1 if every <= 0 else ((i + first + 1) % every == 0) | (i == I - 1)
+        _save_checkpoints(program, env, target, when, keep=bool(cfg.get("keep_checkpoints")))
     start = time.perf_counter()
-    exe = ctx.compile(program.bounds(iterations, num_steps), backend=cfg.get("backend", "numpy"))
+    exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "numpy"))
     compiled = time.perf_counter()
     if cfg.get("compile_report"):
         print(exe.report)
     try:
         logger.start()
-        exe.run()
+        exe.run(origin={i: first})
     finally:
         logger.close()
     return TrainResult(list(env.episode_returns), logger.history, compiled - start,
                        time.perf_counter() - compiled, target if target.exists() else None)
+
+
+def _save_checkpoints(program: TrainProgram, env: Env, target: Path, when: Any, keep: bool) -> None:
+    """A sink writing parameters, optimizer state and the env's state at each iteration
+    where ``when`` holds, to ``target`` (and ``iteration_<i>.npz`` beside it if ``keep``),
+    atomically."""
+    names = list(program.state)
+    saved = program.rollout.saved if program.rollout is not None else None
+    inputs = [program.state[n] for n in names] + ([saved] if saved is not None else [])
+
+    def write(values: list[np.ndarray], point: dict[str, int]) -> None:
+        arrays = dict(zip(names, values))
+        arrays[ENV_KEY] = np.frombuffer(env.snapshot(point["i"]), np.uint8)
+        arrays[checkpoint.POINT_KEY] = np.asarray([point["i"]], np.int64)
+        checkpoint.write_atomically(target, arrays)
+        if keep:
+            checkpoint.write_atomically(target.with_name(f"iteration_{point['i']}.npz"), arrays)
+    tp.sink(inputs, write, name="checkpoint", when=when)
+
+
+def _resume(program: TrainProgram, env: Env, path: str) -> int:
+    """Load a checkpoint into the program and env; the iteration to continue from."""
+    saved = checkpoint.load(path)
+    if ENV_KEY not in saved:
+        raise ValueError(f"{path} holds no env state; it was not written by tempo_rl.train")
+    program.optimizer.load_state(saved)
+    env.restore(saved[ENV_KEY].tobytes())
+    return int(saved[checkpoint.POINT_KEY][0]) + 1

@@ -84,12 +84,20 @@ class Executable:
         self.source = _program_source(ast.substitute(schedule.root, bounds), schedule)
         self._program = _compile_source(self.source)
 
-    def run(self) -> Results:
-        """Execute every statement of the schedule; return the outputs' values."""
+    def run(self, origin: dict[Symbol, int] | None = None) -> Results:
+        """Execute every statement of the schedule; return the outputs' values.
+
+        ``origin`` (``{i: k}``) runs the program as the continuation of a longer run from
+        point ``k`` of dim ``i`` (a run resumed from a checkpoint): host ops (random draws,
+        ``symbol_value``, UDFs and sinks) see every coordinate of ``i`` shifted by ``k``
+        and its bound by ``k`` too, so they observe what the longer run observed there.
+        Branch conditions are not shifted: the first point still takes the initial branch,
+        whose value the checkpoint supplies."""
+        shift = _checked_origin(self.ctx, origin or {})
         self.stats = MemoryStats()
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
-                                     self.backend)
+                                     self.backend, shift)
         self._program(namespace)
         return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
 
@@ -186,13 +194,25 @@ def _compile_source(source: str) -> Callable[[dict], None]:
     return namespace["program"]
 
 
+def _checked_origin(ctx: Context, origin: dict[Symbol, int]) -> dict[Symbol, int]:
+    """``origin`` as a shift of every dim and bound symbol (0 where not given)."""
+    for dim, start in origin.items():
+        if dim not in ctx.bound_of:
+            raise TempoError(f"origin names {dim}, which is not a dim of this program "
+                             f"(dims: {', '.join(d.name for d in ctx.dims)})")
+        if int(start) != start or start < 0:
+            raise TempoError(f"origin of {dim} must be a non-negative integer, got {start}")
+    shift = {d: int(origin.get(d, 0)) for d in ctx.dims}
+    return {**shift, **{ctx.bound_of[d]: k for d, k in shift.items()}}
+
+
 def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[Symbol, int],
-                     backend: Any) -> dict[str, Callable]:
+                     backend: Any, shift: dict[Symbol, int]) -> dict[str, Callable]:
     table: dict[str, Callable] = {}
     for name, stmt in schedule.statements.items():
         op = stmt.op
         if stmt.kind == "exec":
-            table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend)
+            table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend, shift)
         else:
             table[name] = _free(op, stores)
     return table
@@ -240,8 +260,9 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
 
 # ---- launchers ---------------------------------------------------------------------------
 def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
-                  backend: Any) -> Launcher:
-    """The function that executes ``op`` at a point."""
+                  backend: Any, shift: dict[Symbol, int] | None = None) -> Launcher:
+    """The function that executes ``op`` at a point (host ops see coordinates and bounds
+    moved by ``shift``, see ``Executable.run``'s origin)."""
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices)),
@@ -250,7 +271,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.kind == "merge":
         return _merge_launcher(op, edges, reads, writes[0], bounds)
     if op.definition.host:
-        return _host_launcher(op, reads, writes, bounds, backend)
+        return _host_launcher(op, reads, writes, bounds, backend, shift or {})
     return _device_launcher(op, edges, reads, writes, bounds, backend)
 
 
@@ -284,12 +305,14 @@ def _reader_sum_launcher(op: Op, edge: Edge, stores: dict, bounds: dict[Symbol, 
 
 
 def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Symbol, int],
-                   backend: Any) -> Launcher:
+                   backend: Any, shift: dict[Symbol, int]) -> Launcher:
     kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
     to_host, from_host, domain = backend.to_host, backend.from_host, op.domain
+    shifted = {b: v + shift.get(b, 0) for b, v in bounds.items()}
+    offsets = [shift.get(d, 0) for d in domain]
 
     def launch(point: tuple[int, ...]) -> None:
-        env = {**bounds, **dict(zip(domain, point))}
+        env = {**shifted, **{d: p + k for d, p, k in zip(domain, point, offsets)}}
         outs = kernel(params, env, *(to_host(read(phi(*point))) for read, phi in reads))
         for write, value in zip(writes, outs if multi else (outs,)):
             write(point, from_host(value))

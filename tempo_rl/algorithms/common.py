@@ -10,6 +10,7 @@ from tempo.api import nn, optim
 from tempo.api.distributions import Categorical
 from tempo.api.tensor import RecurrentTensor, arange
 from tempo.symbolic.expr import Expr, Symbol
+from tempo_rl.envs.base import Rollout
 
 
 @dataclass
@@ -41,6 +42,8 @@ class TrainProgram:
     optimizer: optim.Optimizer | None = None
     values: dict[str, RecurrentTensor] = field(default_factory=dict)
     """Named intermediate RTs (returns, advantages, ...), for inspection and tests."""
+    rollout: Rollout | None = None
+    """The acting RTs (a checkpoint waits for ``rollout.saved``)."""
     fixed_bounds: dict[Symbol, int] = field(default_factory=dict)
     """Bounds the builder fixed (PPO's rollout length and updates per iteration)."""
 

@@ -64,4 +64,4 @@ def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
                "losses/entropy": entropy}
     values = {"returns": returns, "advantage": advantage, "reward": ro.reward,
               "terminated": ro.terminated, "truncated": ro.truncated, "next_value": next_value}
-    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values)
+    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values, ro)

@@ -124,7 +124,7 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
               "final_obs": ro.final_obs, "value": value, "next_value": next_value,
               "advantage": advantage, "returns": returns, "minibatch_index": index}
     bounds = {T: cfg.num_steps, U: cfg.update_epochs * cfg.num_minibatches}
-    return TrainProgram(ctx, actor, metrics, opt.checkpoint_state(), opt, values, bounds)
+    return TrainProgram(ctx, actor, metrics, opt.checkpoint_state(), opt, values, ro, bounds)
 
 
 def _variance(x: RecurrentTensor) -> RecurrentTensor:

@@ -59,4 +59,4 @@ def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
         metrics["losses/value_loss"] = value_loss
     values = {"returns": returns, "advantage": advantage, "reward": ro.reward,
               "terminated": ro.terminated, "truncated": ro.truncated}
-    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values)
+    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values, ro)

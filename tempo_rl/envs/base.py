@@ -25,6 +25,9 @@ class Rollout:
     """The observation the step led to, before any reset (for bootstrapping)."""
     extras: dict[str, RecurrentTensor] = field(default_factory=dict)
     """What the policy returned beside the action (log-probabilities, entropies)."""
+    saved: RecurrentTensor | None = None
+    """A scalar over ``(i,)`` computed right after the env's state at the end of iteration
+    ``i`` was kept (``env.snapshot(i)``); host work that stores it reads this to run after."""
 
 
 class Env(Protocol):
@@ -40,4 +43,13 @@ class Env(Protocol):
 
     def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
         """Acting over ``(i, t)``: ``policy(obs)`` returns the action and any extra RTs."""
+        ...
+
+    def snapshot(self, iteration: int) -> bytes:
+        """The env's state (episodes in progress, RNG, statistics) at the end of
+        ``iteration``, for a checkpoint."""
+        ...
+
+    def restore(self, state: bytes) -> None:
+        """Continue from a snapshot: the next rollout starts where it was taken."""
         ...

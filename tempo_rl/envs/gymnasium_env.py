@@ -6,10 +6,13 @@ the reset at ``(0, 0)``, the last observation of the previous iteration at ``(i+
 and the step's output at ``(i, t+1)``, so the environment's calls are ordered by data
 dependences alone. Episodes end inside a rollout: ``terminated`` and ``truncated`` are
 kept apart, the final observation of a truncated episode is returned for bootstrapping,
-and the vector env resets finished episodes in the same step.
+and the vector env resets finished episodes in the same step. Between iterations the
+env's state is kept (``snapshot``) so that checkpoints resume exactly (``restore``).
 """
 
 from __future__ import annotations
+
+import pickle
 
 import gymnasium as gym
 import numpy as np
@@ -36,7 +39,9 @@ class GymnasiumEnv:
         self.episode_lengths: list[int] = []
         self._running_return = np.zeros(num_envs)
         self._running_length = np.zeros(num_envs, np.int64)
-        self._obs: np.ndarray | None = None
+        self._restored_obs: np.ndarray | None = None
+        self._snapshots: dict[int, bytes] = {}
+        self._iteration_dim = "i"
 
     @property
     def obs_dim(self) -> int:
@@ -44,9 +49,10 @@ class GymnasiumEnv:
 
     # ---- host side ------------------------------------------------------------------
     def _reset(self) -> np.ndarray:
+        if self._restored_obs is not None:
+            return self._restored_obs
         obs, _ = self.envs.reset(seed=self.seed)
-        self._obs = obs.astype(np.float32)
-        return self._obs
+        return obs.astype(np.float32)
 
     def _step(self, action: np.ndarray) -> tuple[np.ndarray, ...]:
         action = action.astype(np.int64) if self.discrete else action
@@ -69,11 +75,41 @@ class GymnasiumEnv:
             self.episode_lengths.append(int(self._running_length[k]))
             self._running_return[k], self._running_length[k] = 0.0, 0
 
+    # ---- checkpoints -------------------------------------------------------------------
+    _KEPT_SNAPSHOTS = 4
+
+    def _carry(self, point: dict[str, int], last_obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Between iterations: keep the state the next iteration starts from."""
+        iteration = point[self._iteration_dim]
+        self._snapshots[iteration] = pickle.dumps({
+            "envs": self.envs.envs, "obs": last_obs, "running_return": self._running_return,
+            "running_length": self._running_length})
+        for old in [k for k in self._snapshots if k <= iteration - self._KEPT_SNAPSHOTS]:
+            del self._snapshots[old]
+        return last_obs, np.float32(iteration)
+
+    def snapshot(self, iteration: int) -> bytes:
+        try:
+            return self._snapshots[iteration]
+        except KeyError:
+            raise RuntimeError(f"no env snapshot for iteration {iteration}; kept: "
+                               f"{sorted(self._snapshots)}") from None
+
+    def restore(self, state: bytes) -> None:
+        saved = pickle.loads(state)
+        if len(saved["envs"]) != self.num_envs:
+            raise ValueError(f"the snapshot holds {len(saved['envs'])} envs, this env {self.num_envs}")
+        self.envs.envs = saved["envs"]
+        self._restored_obs = saved["obs"]
+        self._running_return = saved["running_return"].copy()
+        self._running_length = saved["running_length"].copy()
+
     # ---- program side ------------------------------------------------------------------
     def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
         """Acting over ``(i, t)``: ``policy(obs)`` returns the action RT and any extra RTs
         (log-probabilities, values) that the learner reuses."""
         n, obs_shape = self.num_envs, self.obs_shape
+        self._iteration_dim = i.name
         obs = tp.placeholder(shape=(n, *obs_shape), dtype="float32", domain=(i, t))
         (first,) = tp.udf(self._reset, [], [((n, *obs_shape), "float32")], name="env_reset")
         action, extras = policy(obs)
@@ -81,7 +117,10 @@ class GymnasiumEnv:
         nxt, reward, terminated, truncated, final = tp.udf(
             self._step, [action], [((n, *obs_shape), "float32"), *float_out,
                                    ((n, *obs_shape), "float32")], name="env_step")
+        carried, saved = tp.udf(self._carry, [nxt[i, T - 1]],
+                                [((n, *obs_shape), "float32"), ((), "float32")],
+                                name="env_carry", pass_point=True)
         obs[0, 0] = first
-        obs[i + 1, 0] = nxt[i, T - 1]
+        obs[i + 1, 0] = carried
         obs[i, t + 1] = nxt
-        return Rollout(obs, action, reward, terminated, truncated, final, extras)
+        return Rollout(obs, action, reward, terminated, truncated, final, extras, saved)

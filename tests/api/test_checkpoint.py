@@ -91,3 +91,23 @@ def test_write_killed_midway_leaves_a_loadable_checkpoint(tmp_path):
 def _repo_root():
     from pathlib import Path
     return Path(tp.__file__).resolve().parent.parent
+
+
+def test_origin_continues_random_draws_and_symbol_values():
+    """A program run from origin k observes what the longer run observed at k and after."""
+    ctx = tp.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        noise = tp.uniform((2,), domain=(i, t))
+        progress = tp.symbol_value(i).astype("float32") / tp.symbol_value(I).astype("float32")
+        seen = []
+        tp.sink(progress, lambda value, point: seen.append((point["i"], float(value))))
+    whole = ctx.compile({I: 6, T: 3}, outputs=[noise, progress], backend="numpy").run()
+    seen_whole, seen[:] = list(seen), []
+    tail = ctx.compile({I: 4, T: 3}, outputs=[noise, progress], backend="numpy").run(origin={i: 2})
+    np.testing.assert_array_equal(tail[noise], whole[noise][2:])
+    np.testing.assert_array_equal(tail[progress], whole[progress][2:])
+    assert seen == seen_whole[2:]
+    with pytest.raises(tp.TempoError, match="not a dim"):
+        ctx.compile({I: 4, T: 3}, outputs=[noise], backend="numpy").run(origin={I: 2})
