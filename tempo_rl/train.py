@@ -4,6 +4,7 @@ sinks, compile it for all iterations, and run it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) ->
 
 ENV_KEY = "__env__"
 """Checkpoint entry holding the env's pickled state (bytes as uint8)."""
+CONFIG_KEY = "__config__"
+"""Checkpoint entry holding the run's config as JSON (bytes as uint8), for evaluation."""
 
 
 def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainResult:
@@ -93,7 +96,7 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
                 lambda values, point: logger.on_iteration(names, values, point), name="metrics")
         # Sinks see the whole run's iteration numbers (the origin): i + first here.
         when = i == I - 1 if every <= 0 else ((i + first + 1) % every == 0) | (i == I - 1)
-        _save_checkpoints(program, env, target, when, keep=bool(cfg.get("keep_checkpoints")))
+        _save_checkpoints(program, env, cfg, target, when, keep=bool(cfg.get("keep_checkpoints")))
     start = time.perf_counter()
     exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "numpy"))
     compiled = time.perf_counter()
@@ -108,10 +111,12 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
                        time.perf_counter() - compiled, target if target.exists() else None)
 
 
-def _save_checkpoints(program: TrainProgram, env: Env, target: Path, when: Any, keep: bool) -> None:
-    """A sink writing parameters, optimizer state and the env's state at each iteration
-    where ``when`` holds, to ``target`` (and ``iteration_<i>.npz`` beside it if ``keep``),
-    atomically."""
+def _save_checkpoints(program: TrainProgram, env: Env, cfg: dict[str, Any], target: Path,
+                      when: Any, keep: bool) -> None:
+    """A sink writing parameters, optimizer state, the env's state and the run's config at
+    each iteration where ``when`` holds, to ``target`` (and ``iteration_<i>.npz`` beside it
+    if ``keep``), atomically."""
+    config = np.frombuffer(json.dumps(cfg, default=str).encode(), np.uint8)
     names = list(program.state)
     saved = program.rollout.saved if program.rollout is not None else None
     inputs = [program.state[n] for n in names] + ([saved] if saved is not None else [])
@@ -119,6 +124,7 @@ def _save_checkpoints(program: TrainProgram, env: Env, target: Path, when: Any, 
     def write(values: list[np.ndarray], point: dict[str, int]) -> None:
         arrays = dict(zip(names, values))
         arrays[ENV_KEY] = np.frombuffer(env.snapshot(point["i"]), np.uint8)
+        arrays[CONFIG_KEY] = config
         arrays[checkpoint.POINT_KEY] = np.asarray([point["i"]], np.int64)
         checkpoint.write_atomically(target, arrays)
         if keep:

@@ -1,0 +1,117 @@
+"""Greedy evaluation of a training checkpoint: the policy's most likely action, one episode
+in each of ``episodes`` envs, as a small RT program over ``t`` (the policy's parameters are
+constants loaded from the checkpoint; the env steps in a UDF)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import tempo as tp
+from tempo.api import checkpoint, nn
+from tempo_rl.algorithms import algorithm
+from tempo_rl.train import CONFIG_KEY, algorithm_config
+
+
+@dataclass
+class Evaluation:
+    returns: list[float]
+    lengths: list[int]
+    video: Path | None = None
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns))
+
+
+class _FirstEpisodes:
+    """A vector env whose copies each play one episode; later episodes are not counted."""
+
+    def __init__(self, env_id: str, episodes: int, seed: int, record: bool):
+        self.envs = gym.make_vec(env_id, num_envs=episodes, vectorization_mode="sync",
+                                 render_mode="rgb_array" if record else None)
+        self.seed, self.record = seed, record
+        self.returns = np.zeros(episodes)
+        self.lengths = np.zeros(episodes, np.int64)
+        self.running = np.ones(episodes, bool)
+        self.frames: list[np.ndarray] = []
+
+    def reset(self) -> np.ndarray:
+        obs, _ = self.envs.reset(seed=self.seed)
+        self._capture()
+        return obs.astype(np.float32)
+
+    def step(self, action: np.ndarray) -> np.ndarray:
+        obs, reward, terminated, truncated, _ = self.envs.step(action.astype(np.int64))
+        was_running = self.running.copy()
+        self.returns += reward * was_running
+        self.lengths += was_running
+        self.running &= ~(terminated | truncated)
+        if was_running[0]:
+            self._capture()
+        return obs.astype(np.float32)
+
+    def _capture(self) -> None:
+        if self.record:
+            self.frames.append(np.asarray(self.envs.render()[0]))
+
+
+def evaluate(path: str | Path, episodes: int = 10, seed: int | None = None,
+             video: str | Path | None = None, max_steps: int | None = None) -> Evaluation:
+    """Play ``episodes`` episodes with the greedy policy of checkpoint ``path`` (written by
+    ``tempo_rl.train``); ``video``: write the first episode as a GIF there."""
+    saved = checkpoint.load(path)
+    if CONFIG_KEY not in saved:
+        raise ValueError(f"{path} holds no run config; it was not written by tempo_rl.train")
+    cfg = json.loads(saved[CONFIG_KEY].tobytes().decode())
+    env_cfg = cfg["env"]
+    if env_cfg.get("kind", "gymnasium") != "gymnasium":
+        raise ValueError(f"evaluation supports gymnasium envs, not {env_cfg.get('kind')!r}")
+    seed = int(cfg["seed"]) + 10_000 if seed is None else seed  # episodes training did not see
+    env = _FirstEpisodes(env_cfg["id"], episodes, seed, record=video is not None)
+    if not isinstance(env.envs.single_action_space, gym.spaces.Discrete):
+        raise ValueError("evaluation supports discrete actions (the builders' policies)")
+    steps = max_steps or (env.envs.spec.max_episode_steps if env.envs.spec else None)
+    if not steps:
+        raise ValueError(f"{env_cfg['id']} has no episode step limit; pass max_steps")
+    _run_greedy(env, _policy_config(cfg), saved, steps)
+    out = Path(video) if video is not None else None
+    if out is not None:
+        _write_gif(env.frames, out)
+    return Evaluation([float(r) for r in env.returns], [int(n) for n in env.lengths], out)
+
+
+def _policy_config(cfg: dict[str, Any]) -> Any:
+    cls, _ = algorithm(cfg["algorithm"]["name"])
+    return algorithm_config(cls, cfg["algorithm"], cfg.get("network", {}))
+
+
+def _run_greedy(env: _FirstEpisodes, algo: Any, saved: dict[str, np.ndarray], steps: int) -> None:
+    n = env.envs.num_envs
+    obs_dim = int(np.prod(env.envs.single_observation_space.shape))
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        policy = nn.MLP(obs_dim, algo.hidden, int(env.envs.single_action_space.n),
+                        activation=algo.activation)
+        names = [name for name, _ in policy.named_parameters()]
+        policy.load_state({name: saved[f"param{k}"] for k, name in enumerate(names)})
+        obs = tp.placeholder(shape=(n, obs_dim), dtype="float32", domain=(t,))
+        (first,) = tp.udf(env.reset, [], [((n, obs_dim), "float32")], name="env_reset")
+        action = policy(obs).argmax(-1)
+        (nxt,) = tp.udf(env.step, [action], [((n, obs_dim), "float32")], name="env_step")
+        obs[0] = first
+        obs[t + 1] = nxt
+    ctx.compile({T: steps}, backend="numpy").run()
+
+
+def _write_gif(frames: list[np.ndarray], path: Path) -> None:
+    from PIL import Image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = [Image.fromarray(f) for f in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=20, loop=0)
