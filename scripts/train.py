@@ -10,6 +10,7 @@ output directory (runs/...).
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tempo_rl.train import train  # noqa: E402 - after the path fix for running 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" at INFO
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     plain = OmegaConf.to_container(cfg, resolve=True)
     result = train(plain, out_dir, progress=bool(cfg.progress))

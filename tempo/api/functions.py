@@ -145,7 +145,8 @@ def randint(low: int, high: int, shape: Sequence[int] = (),
 def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
         outputs: Sequence[tuple[Sequence[int], Any]] = (),
         domain: Sequence[Symbol] = (), name: str | None = None,
-        pass_point: bool = False, when: Any = True) -> tuple[RecurrentTensor, ...]:
+        pass_point: bool = False, when: Any = True,
+        traceable: bool = False) -> tuple[RecurrentTensor, ...]:
     """Call a host function once at every point of the domain (in schedule order).
 
     ``fn`` receives the inputs as NumPy arrays (and the point as ``{dim name: int}``
@@ -153,7 +154,13 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
     ``outputs``. The domain is ``domain`` united with the inputs' domains. A UDF may keep
     external state (an environment, a logger); it runs at every point of its domain where
     the condition ``when`` holds (e.g. ``(i + 1) % 10 == 0``).
+
+    With ``traceable``, ``fn`` is a pure JAX function (an in-graph env's step): it runs
+    on the device like any op, jitted, and may be fused with its neighbours; its outputs
+    are found by tracing it (``outputs``, when given, are checked against them).
     """
+    if traceable:
+        return _traced_udf(fn, inputs, outputs, domain, name, pass_point, when)
     ctx = _context_of(*inputs)
     rts = [lift(ctx, x) for x in inputs]
     out_types = tuple(TensorType(tuple(s), dtype_name(d)) for s, d in outputs)
@@ -167,6 +174,40 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
                     domain=[*domain, *(s for s in as_expr(when).symbols() if s in ctx.bound_of)],
                     label=label)
     op.when = _condition(ctx, when)
+    return tuple(RecurrentTensor(ctx, op, k) for k in range(len(out_types)))
+
+
+def _traced_udf(fn: Callable[..., Any], inputs: Sequence[Any], outputs: Sequence[tuple],
+                domain: Sequence[Symbol], name: str | None, pass_point: bool,
+                when: Any) -> tuple[RecurrentTensor, ...]:
+    import jax
+    label = name or getattr(fn, "__name__", "udf")
+    if pass_point or when is not True:
+        raise DomainError(f"traceable UDF {label} runs at every point of its domain and gets no "
+                          f"point; index its inputs by the dims instead", user_site())
+    ctx = _context_of(*inputs)
+    rts = [lift(ctx, x) for x in inputs]
+    for k, rt in enumerate(rts):
+        if not rt.type.is_static:
+            raise ShapeError(f"input {k} of traceable UDF {label} has a shape that varies with "
+                             f"the point ({rt.type})", user_site())
+
+    def as_tuple(*xs: Any) -> tuple:
+        out = fn(*xs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    specs = [jax.ShapeDtypeStruct(tuple(int(d.value) for d in rt.shape), rt.dtype) for rt in rts]
+    try:
+        traced = jax.eval_shape(as_tuple, *specs)
+    except Exception as err:
+        raise UDFError(f"traceable UDF {label} failed to trace on inputs "
+                       f"{[(s.shape, str(s.dtype)) for s in specs]}: {err}", user_site()) from err
+    out_types = tuple(TensorType(tuple(o.shape), dtype_name(o.dtype)) for o in traced)
+    declared = tuple(TensorType(tuple(s), dtype_name(d)) for s, d in outputs)
+    if outputs and declared != out_types:
+        raise UDFError(f"traceable UDF {label} returns {list(out_types)}, declared "
+                       f"{list(declared)}", user_site())
+    op = ctx.add_op("traced_udf", rts, {"fn": jax.jit(as_tuple), "out_types": out_types},
+                    domain=list(domain), label=label)
     return tuple(RecurrentTensor(ctx, op, k) for k in range(len(out_types)))
 
 

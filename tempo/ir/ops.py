@@ -465,6 +465,15 @@ def _udf(p: dict, point: dict, *inputs: Any) -> Any:
 
 register("udf", lambda *inputs, out_types, **_: tuple(out_types), _udf, host=True, multi_output=True)
 
+
+def _traced_udf(xp: Any, p: dict, *inputs: Any) -> tuple:
+    """A pure JAX function (jitted; inlined when the JAX backend jits around it)."""
+    return tuple(xp.asarray(out) for out in p["fn"](*inputs))
+
+
+register("traced_udf", lambda *inputs, out_types, **_: tuple(out_types), _traced_udf,
+         multi_output=True)
+
 # A MergeOp has no kernel: the runtime moves the input of the first branch whose
 # condition holds to its output.
 register("merge", lambda *branches, out_type: (out_type,), None, conditional_inputs=True)

@@ -1,6 +1,7 @@
-"""Environments as UDF ops."""
+"""Environments as UDF ops: gymnasium on the host, the synthetic env in the graph."""
 
-from tempo_rl.envs.base import Env, Policy, Rollout
+from tempo_rl.envs.base import Env, EpisodeStats, Policy, Rollout, Snapshots
 from tempo_rl.envs.gymnasium_env import GymnasiumEnv
+from tempo_rl.envs.synthetic import SyntheticEnv
 
-__all__ = ["Env", "GymnasiumEnv", "Policy", "Rollout"]
+__all__ = ["Env", "EpisodeStats", "GymnasiumEnv", "Policy", "Rollout", "Snapshots", "SyntheticEnv"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+import numpy as np
 
 from tempo.api.tensor import RecurrentTensor
 from tempo.symbolic.expr import Symbol
@@ -30,13 +33,66 @@ class Rollout:
     ``i`` was kept (``env.snapshot(i)``); host work that stores it reads this to run after."""
 
 
+class EpisodeStats:
+    """Returns and lengths of finished episodes, accumulated step by step on the host."""
+
+    def __init__(self, num_envs: int):
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+        self.running_return = np.zeros(num_envs)
+        self.running_length = np.zeros(num_envs, np.int64)
+
+    def record(self, reward: np.ndarray, done: np.ndarray) -> None:
+        self.running_return += reward
+        self.running_length += 1
+        for k in np.flatnonzero(done):
+            self.returns.append(float(self.running_return[k]))
+            self.lengths.append(int(self.running_length[k]))
+            self.running_return[k], self.running_length[k] = 0.0, 0
+
+    def in_progress(self) -> dict[str, np.ndarray]:
+        """The episodes under way (for a snapshot)."""
+        return {"running_return": self.running_return.copy(),
+                "running_length": self.running_length.copy()}
+
+    def resume(self, saved: dict[str, np.ndarray]) -> None:
+        self.running_return = saved["running_return"].copy()
+        self.running_length = saved["running_length"].copy()
+
+
+class Snapshots:
+    """An env's pickled state at the end of the last few iterations, for checkpoints."""
+
+    KEPT = 4
+
+    def __init__(self) -> None:
+        self._by_iteration: dict[int, bytes] = {}
+
+    def keep(self, iteration: int, state: dict[str, Any]) -> None:
+        self._by_iteration[iteration] = pickle.dumps(state)
+        for old in [k for k in self._by_iteration if k <= iteration - self.KEPT]:
+            del self._by_iteration[old]
+
+    def get(self, iteration: int) -> bytes:
+        try:
+            return self._by_iteration[iteration]
+        except KeyError:
+            raise RuntimeError(f"no env snapshot for iteration {iteration}; kept: "
+                               f"{sorted(self._by_iteration)}") from None
+
+
 class Env(Protocol):
     num_envs: int
     obs_shape: tuple[int, ...]
     discrete: bool
     num_actions: int | None
-    episode_returns: list[float]
-    episode_lengths: list[int]
+    stats: EpisodeStats
+
+    @property
+    def episode_returns(self) -> list[float]: ...
+
+    @property
+    def episode_lengths(self) -> list[int]: ...
 
     @property
     def obs_dim(self) -> int: ...

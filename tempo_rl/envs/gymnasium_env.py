@@ -19,7 +19,7 @@ import numpy as np
 
 import tempo as tp
 from tempo.symbolic.expr import Symbol
-from tempo_rl.envs.base import Policy, Rollout
+from tempo_rl.envs.base import EpisodeStats, Policy, Rollout, Snapshots
 
 
 class GymnasiumEnv:
@@ -35,13 +35,18 @@ class GymnasiumEnv:
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.num_actions = int(action_space.n) if self.discrete else None
         self.action_shape = () if self.discrete else tuple(action_space.shape)
-        self.episode_returns: list[float] = []
-        self.episode_lengths: list[int] = []
-        self._running_return = np.zeros(num_envs)
-        self._running_length = np.zeros(num_envs, np.int64)
+        self.stats = EpisodeStats(num_envs)
         self._restored_obs: np.ndarray | None = None
-        self._snapshots: dict[int, bytes] = {}
+        self.snapshots = Snapshots()
         self._iteration_dim = "i"
+
+    @property
+    def episode_returns(self) -> list[float]:
+        return self.stats.returns
+
+    @property
+    def episode_lengths(self) -> list[int]:
+        return self.stats.lengths
 
     @property
     def obs_dim(self) -> int:
@@ -63,37 +68,20 @@ class GymnasiumEnv:
         if done.any() and "final_obs" in info:
             for k in np.flatnonzero(done):
                 final[k] = info["final_obs"][k]
-        self._record(reward, done)
+        self.stats.record(reward, done)
         return (obs, reward.astype(np.float32), terminated.astype(np.float32),
                 truncated.astype(np.float32), final)
 
-    def _record(self, reward: np.ndarray, done: np.ndarray) -> None:
-        self._running_return += reward
-        self._running_length += 1
-        for k in np.flatnonzero(done):
-            self.episode_returns.append(float(self._running_return[k]))
-            self.episode_lengths.append(int(self._running_length[k]))
-            self._running_return[k], self._running_length[k] = 0.0, 0
-
     # ---- checkpoints -------------------------------------------------------------------
-    _KEPT_SNAPSHOTS = 4
-
     def _carry(self, point: dict[str, int], last_obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Between iterations: keep the state the next iteration starts from."""
         iteration = point[self._iteration_dim]
-        self._snapshots[iteration] = pickle.dumps({
-            "envs": self.envs.envs, "obs": last_obs, "running_return": self._running_return,
-            "running_length": self._running_length})
-        for old in [k for k in self._snapshots if k <= iteration - self._KEPT_SNAPSHOTS]:
-            del self._snapshots[old]
+        self.snapshots.keep(iteration, {"envs": self.envs.envs, "obs": last_obs,
+                                        **self.stats.in_progress()})
         return last_obs, np.float32(iteration)
 
     def snapshot(self, iteration: int) -> bytes:
-        try:
-            return self._snapshots[iteration]
-        except KeyError:
-            raise RuntimeError(f"no env snapshot for iteration {iteration}; kept: "
-                               f"{sorted(self._snapshots)}") from None
+        return self.snapshots.get(iteration)
 
     def restore(self, state: bytes) -> None:
         saved = pickle.loads(state)
@@ -101,8 +89,7 @@ class GymnasiumEnv:
             raise ValueError(f"the snapshot holds {len(saved['envs'])} envs, this env {self.num_envs}")
         self.envs.envs = saved["envs"]
         self._restored_obs = saved["obs"]
-        self._running_return = saved["running_return"].copy()
-        self._running_length = saved["running_length"].copy()
+        self.stats.resume(saved)
 
     # ---- program side ------------------------------------------------------------------
     def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:

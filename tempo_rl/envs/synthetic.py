@@ -1,0 +1,119 @@
+"""A synthetic env stepped in the graph by a traceable JAX function.
+
+Its step is trivially cheap, so a run on it measures the framework's own overhead (the
+paper's §7.3 uses one), and its observation shape is configurable. It is a contextual
+bandit: observations are standard normal draws, the reward is 1 when the action equals
+the bucket of the observation's first entry (``0`` below the median, ``1`` above, for
+two actions), episodes are truncated after ``episode_length`` steps. A random policy
+earns ``episode_length / num_actions`` per episode, a perfect one ``episode_length``.
+
+The step is a ``traceable`` UDF: a device op the compiler fuses with the policy around
+it. Its state (the observation and the step count within the episode) is a pair of
+placeholders over ``(i, t)``; the fresh observation comes from the program's own random
+draws (``tp.normal`` keyed by the point), so runs are reproducible and resume exactly.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import tempo as tp
+from tempo.symbolic.expr import Symbol
+from tempo_rl.envs.base import EpisodeStats, Policy, Rollout, Snapshots
+
+
+class SyntheticEnv:
+    """``num_envs`` copies of the bandit; ``seed`` draws the first observations."""
+
+    discrete = True
+
+    def __init__(self, num_envs: int = 8, obs_shape: tuple[int, ...] = (4,), num_actions: int = 2,
+                 episode_length: int = 32, seed: int = 0):
+        if num_actions < 2 or episode_length < 1:
+            raise ValueError("the synthetic env needs num_actions >= 2 and episode_length >= 1")
+        self.num_envs, self.obs_shape = num_envs, tuple(obs_shape)
+        self.num_actions, self.episode_length, self.seed = num_actions, episode_length, seed
+        self.stats = EpisodeStats(num_envs)
+        self.snapshots = Snapshots()
+        self._restored: dict[str, np.ndarray] | None = None
+        self._iteration_dim = "i"
+
+    @property
+    def obs_dim(self) -> int:
+        return int(np.prod(self.obs_shape))
+
+    @property
+    def episode_returns(self) -> list[float]:
+        return self.stats.returns
+
+    @property
+    def episode_lengths(self) -> list[int]:
+        return self.stats.lengths
+
+    # ---- in the graph ---------------------------------------------------------------
+    def step(self, obs: jax.Array, count: jax.Array, action: jax.Array,
+             fresh: jax.Array) -> tuple[jax.Array, ...]:
+        """Pure JAX: ``(next_obs, reward, truncated, next_count)``."""
+        first = obs.reshape(obs.shape[0], -1)[:, 0]
+        probability = jax.scipy.stats.norm.cdf(first)  # uniform on (0, 1) for normal draws
+        target = jnp.minimum((probability * self.num_actions).astype(jnp.int32), self.num_actions - 1)
+        reward = (action.astype(jnp.int32) == target).astype(jnp.float32)
+        count = count + 1.0
+        truncated = (count >= self.episode_length).astype(jnp.float32)
+        return fresh, reward, truncated, count * (1.0 - truncated)
+
+    # ---- on the host ------------------------------------------------------------------
+    def _reset(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._restored is not None:
+            return self._restored["obs"], self._restored["count"]
+        rng = np.random.default_rng(self.seed)
+        obs = rng.standard_normal((self.num_envs, *self.obs_shape)).astype(np.float32)
+        return obs, np.zeros(self.num_envs, np.float32)
+
+    def _carry(self, point: dict[str, int], obs: np.ndarray, count: np.ndarray,
+               rewards: np.ndarray, truncated: np.ndarray) -> tuple:
+        """Between iterations: count the iteration's episodes, keep the state the next
+        one starts from."""
+        for reward, done in zip(rewards, truncated):
+            self.stats.record(reward, done)
+        iteration = point[self._iteration_dim]
+        self.snapshots.keep(iteration, {"obs": obs, "count": count, **self.stats.in_progress()})
+        return obs, count, np.float32(iteration)
+
+    def snapshot(self, iteration: int) -> bytes:
+        return self.snapshots.get(iteration)
+
+    def restore(self, state: bytes) -> None:
+        saved = pickle.loads(state)
+        if saved["obs"].shape != (self.num_envs, *self.obs_shape):
+            raise ValueError(f"the snapshot holds observations of shape {saved['obs'].shape}")
+        self._restored = saved
+        self.stats.resume(saved)
+
+    # ---- program side -----------------------------------------------------------------
+    def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
+        n, shape = self.num_envs, (self.num_envs, *self.obs_shape)
+        self._iteration_dim = i.name
+        obs = tp.placeholder(shape=shape, dtype="float32", domain=(i, t))
+        count = tp.placeholder(shape=(n,), dtype="float32", domain=(i, t))
+        first_obs, first_count = tp.udf(self._reset, [], [(shape, "float32"), ((n,), "float32")],
+                                        name="env_reset")
+        action, extras = policy(obs)
+        fresh = tp.normal(shape, domain=(i, t))
+        nxt, reward, truncated, next_count = tp.udf(self.step, [obs, count, action, fresh],
+                                                    traceable=True, name="env_step")
+        carried_obs, carried_count, saved = tp.udf(
+            self._carry, [nxt[i, T - 1], next_count[i, T - 1], reward[i, 0:T], truncated[i, 0:T]],
+            [(shape, "float32"), ((n,), "float32"), ((), "float32")], name="env_carry",
+            pass_point=True)
+        obs[0, 0] = first_obs
+        obs[i + 1, 0] = carried_obs
+        obs[i, t + 1] = nxt
+        count[0, 0] = first_count
+        count[i + 1, 0] = carried_count
+        count[i, t + 1] = next_count
+        return Rollout(obs, action, reward, reward * 0.0, truncated, nxt, extras, saved)
