@@ -14,7 +14,7 @@ from tempo_rl.train import CONFIG_KEY, ENV_KEY, train
 
 
 @pytest.mark.parametrize("algorithm,env", [("ppo", "cartpole"), ("nstep", "cartpole"),
-                                           ("ppo", "synthetic")])
+                                           ("ppo", "synthetic"), ("ppo", "gymnax_cartpole")])
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, algorithm, env):
     common = (f"algorithm={algorithm}", f"env={env}", "algorithm.num_steps=16", "env.num_envs=2",
               "total_timesteps=256", "checkpoint_every=4", "keep_checkpoints=true")  # 8 iterations
@@ -36,6 +36,8 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, algorithm, env):
             np.testing.assert_array_equal(last_resumed[name], value, err_msg=name)
     env_full, env_resumed = (pickle.loads(c[ENV_KEY].tobytes()) for c in (last_full, last_resumed))
     np.testing.assert_array_equal(env_resumed["obs"], env_full["obs"])
+    for a, b in zip(env_full.get("leaves", []), env_resumed.get("leaves", [])):
+        np.testing.assert_array_equal(b, a)
     np.testing.assert_array_equal(env_resumed["running_return"], env_full["running_return"])
     for a, b in zip(env_full.get("envs", []), env_resumed.get("envs", [])):
         np.testing.assert_array_equal(b.unwrapped.state, a.unwrapped.state)
