@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 import tempo as tp
 from tempo.api import nn, optim
-from tempo.api.distributions import Categorical
+from tempo.api.distributions import Categorical, Normal
 from tempo.api.tensor import RecurrentTensor, arange
 from tempo.symbolic.expr import Expr, Symbol
-from tempo_rl.envs.base import Rollout
+from tempo_rl.envs.base import Env, Rollout
 
 
 @dataclass
@@ -88,11 +90,48 @@ def standardize(x: RecurrentTensor, eps: float = 1e-8) -> RecurrentTensor:
     return centered / ((centered * centered).mean().sqrt() + eps)
 
 
-def sampling_policy(policy: nn.Module, entropy: bool = False):
-    """``obs -> (action, extras)`` for ``env.rollout``: a categorical sample from the
-    policy's logits, with its log-probability (and entropy) for the learner to reuse."""
+class CategoricalPolicy(nn.Module):
+    """Discrete actions: a categorical over the MLP's logits."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: tuple[int, ...], activation: str,
+                 domain: tuple):
+        super().__init__(domain)
+        self.logits = self.add("logits", nn.MLP(obs_dim, hidden, num_actions, activation=activation,
+                                                out_gain=0.01, domain=domain))
+
+    def forward(self, obs: RecurrentTensor) -> RecurrentTensor:
+        return self.logits(obs)
+
+    def distribution(self, obs: RecurrentTensor) -> Categorical:
+        return Categorical(self.logits(obs))
+
+
+class GaussianPolicy(nn.Module):
+    """Continuous actions: a diagonal Gaussian with the MLP's mean and a learned,
+    state-independent log standard deviation (as CleanRL's ``ppo_continuous_action``)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], activation: str,
+                 domain: tuple):
+        super().__init__(domain)
+        self.log_std = self.param("log_std", (action_dim,), nn.zeros)
+        self.mean = self.add("mean", nn.MLP(obs_dim, hidden, action_dim, activation=activation,
+                                            out_gain=0.01, domain=domain))
+
+    def forward(self, obs: RecurrentTensor) -> RecurrentTensor:
+        return self.mean(obs)
+
+    def distribution(self, obs: RecurrentTensor) -> Normal:
+        return Normal(self.mean(obs), log_std=self.log_std)
+
+
+Policy = CategoricalPolicy | GaussianPolicy
+
+
+def sampling_policy(policy: Policy, entropy: bool = False):
+    """``obs -> (action, extras)`` for ``env.rollout``: a sample from the policy's
+    distribution, with its log-probability (and entropy) for the learner to reuse."""
     def act(obs: RecurrentTensor):
-        dist = Categorical(policy(obs))
+        dist = policy.distribution(obs)
         action = dist.sample()
         extras = {"log_prob": dist.log_prob(action)}
         if entropy:
@@ -101,10 +140,14 @@ def sampling_policy(policy: nn.Module, entropy: bool = False):
     return act
 
 
-def actor_critic(obs_dim: int, num_actions: int, hidden: tuple[int, ...], activation: str,
-                 domain: tuple) -> tuple[nn.MLP, nn.MLP]:
-    """CleanRL's networks: orthogonal init, gain 0.01 on the policy head, 1 on the value."""
-    policy = nn.MLP(obs_dim, hidden, num_actions, activation=activation, out_gain=0.01,
-                    domain=domain)
-    critic = nn.MLP(obs_dim, hidden, 1, activation=activation, out_gain=1.0, domain=domain)
+def actor_critic(env: Env, hidden: tuple[int, ...], activation: str,
+                 domain: tuple) -> tuple[Policy, nn.MLP]:
+    """CleanRL's networks for ``env``'s actions: orthogonal init, gain 0.01 on the policy
+    head, 1 on the value."""
+    if env.discrete:
+        policy: Policy = CategoricalPolicy(env.obs_dim, int(env.num_actions), hidden, activation, domain)
+    else:
+        action_dim = int(np.prod(env.action_shape))
+        policy = GaussianPolicy(env.obs_dim, action_dim, hidden, activation, domain)
+    critic = nn.MLP(env.obs_dim, hidden, 1, activation=activation, out_gain=1.0, domain=domain)
     return policy, critic

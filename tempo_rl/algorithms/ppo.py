@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import tempo as tp
 from tempo.api import optim
-from tempo.api.distributions import Categorical
 from tempo.api.tensor import RecurrentTensor
 from tempo_rl.algorithms.common import (
     ActorCriticConfig,
@@ -55,7 +54,7 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
     i, u, t = ctx.dims
     I, U, T = ctx.bounds
     with ctx:
-        policy, critic = actor_critic(env.obs_dim, env.num_actions, cfg.hidden, cfg.activation, (i, u))
+        policy, critic = actor_critic(env, cfg.hidden, cfg.activation, (i, u))
         actor, judge = policy.at(i, 0), critic.at(i, 0)
         ro = env.rollout(sampling_policy(actor), i, t, T)
         value = judge(ro.obs).squeeze(-1).detach()
@@ -83,7 +82,7 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
         if cfg.normalize_advantages:
             adv = standardize(adv)
 
-        dist = Categorical(policy(obs))
+        dist = policy.distribution(obs)
         log_ratio = dist.log_prob(action) - old_log_prob
         ratio = log_ratio.exp()
         policy_loss = tp.max(-adv * ratio, -adv * ratio.clip(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()

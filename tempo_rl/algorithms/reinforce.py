@@ -34,7 +34,7 @@ def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
     i, t = ctx.dims
     _, T = ctx.bounds
     with ctx:
-        policy, critic = actor_critic(env.obs_dim, env.num_actions, cfg.hidden, cfg.activation, (i,))
+        policy, critic = actor_critic(env, cfg.hidden, cfg.activation, (i,))
         ro = env.rollout(sampling_policy(policy), i, t, T)
         done = tp.max(ro.terminated, ro.truncated)
         returns = truncated_returns(ro.reward[i, t:T], done[i, t:T], cfg.gamma)

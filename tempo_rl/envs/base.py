@@ -86,6 +86,9 @@ class Env(Protocol):
     obs_shape: tuple[int, ...]
     discrete: bool
     num_actions: int | None
+    """The number of discrete actions (None for continuous ones)."""
+    action_shape: tuple[int, ...]
+    """The shape of one continuous action (``()`` for discrete ones)."""
     stats: EpisodeStats
 
     @property

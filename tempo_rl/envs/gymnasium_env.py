@@ -60,7 +60,11 @@ class GymnasiumEnv:
         return obs.astype(np.float32)
 
     def _step(self, action: np.ndarray) -> tuple[np.ndarray, ...]:
-        action = action.astype(np.int64) if self.discrete else action
+        if self.discrete:
+            action = action.astype(np.int64)
+        else:  # the policy's Gaussian is unbounded; the env takes actions in its box
+            space = self.envs.single_action_space
+            action = np.clip(action, space.low, space.high)
         obs, reward, terminated, truncated, info = self.envs.step(action)
         obs = obs.astype(np.float32)
         final = obs.copy()

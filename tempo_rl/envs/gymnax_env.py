@@ -37,7 +37,7 @@ class GymnaxEnv:
         if not self.discrete:
             raise ValueError(f"gymnax env {env_id} has continuous actions; the builders' "
                              f"policies are categorical")
-        self.num_actions = int(space.n)
+        self.num_actions, self.action_shape = int(space.n), ()
         self.obs_shape = tuple(self.env.observation_space(self.params).shape)
         obs, state = self._reset_batch(jax.random.PRNGKey(seed))
         leaves, self._treedef = jax.tree_util.tree_flatten(state)

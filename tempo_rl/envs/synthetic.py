@@ -30,6 +30,7 @@ class SyntheticEnv:
     """``num_envs`` copies of the bandit; ``seed`` draws the first observations."""
 
     discrete = True
+    action_shape: tuple[int, ...] = ()
 
     def __init__(self, num_envs: int = 8, obs_shape: tuple[int, ...] = (4,), num_actions: int = 2,
                  episode_length: int = 32, seed: int = 0):

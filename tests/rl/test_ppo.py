@@ -1,5 +1,6 @@
 """PPO's program against a JAX/optax reference written from the maths (CleanRL's loss):
-GAE over the program's own rollout, then every minibatch update of two iterations."""
+GAE over the program's own rollout, then every minibatch update of two iterations, with
+discrete (CartPole) and continuous (Pendulum, Gaussian policy) actions."""
 
 from __future__ import annotations
 
@@ -24,18 +25,36 @@ def _mlp(params, x):
     return h @ w2 + b2
 
 
+def _policy(params, obs, action):
+    """Log-probability of ``action`` and the entropy: categorical over the MLP's logits
+    (6 policy parameters), or a Gaussian with a state-independent log std (7: log_std
+    first, then the mean's MLP)."""
+    if len(params) == 12:
+        log_probs = jax.nn.log_softmax(_mlp(params[:6], obs))
+        chosen = jnp.take_along_axis(log_probs, action[..., None], -1)[..., 0]
+        return chosen, -(jnp.exp(log_probs) * log_probs).sum(-1)
+    log_std, mean = params[0], _mlp(params[1:7], obs)
+    z = (action - mean) / jnp.exp(log_std)
+    log_2pi = jnp.log(2 * jnp.pi)
+    log_prob = (-0.5 * z * z - log_std - 0.5 * log_2pi).sum(-1)
+    return log_prob, jnp.broadcast_to((log_std + 0.5 + 0.5 * log_2pi).sum(), log_prob.shape)
+
+
+def _critic(params, obs):
+    return _mlp(params[-6:], obs)[..., 0]
+
+
 def _loss(params, obs, action, old_log_prob, adv, ret, old_value):
-    log_probs = jax.nn.log_softmax(_mlp(params[:6], obs))
-    log_ratio = jnp.take_along_axis(log_probs, action[:, None], -1)[:, 0] - old_log_prob
+    log_prob, entropy = _policy(params, obs, action)
+    log_ratio = log_prob - old_log_prob
     ratio = jnp.exp(log_ratio)
     adv = (adv - adv.mean()) / (jnp.sqrt(((adv - adv.mean()) ** 2).mean()) + 1e-8)
     c = CFG.clip_coef
     policy_loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - c, 1 + c)).mean()
-    value = _mlp(params[6:], obs)[:, 0]
+    value = _critic(params, obs)
     clipped = old_value + jnp.clip(value - old_value, -c, c)
     value_loss = 0.5 * jnp.maximum((value - ret) ** 2, (clipped - ret) ** 2).mean()
-    entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
-    return policy_loss - CFG.ent_coef * entropy + CFG.vf_coef * value_loss
+    return policy_loss - CFG.ent_coef * entropy.mean() + CFG.vf_coef * value_loss
 
 
 def _gae(reward, value, next_value, done):
@@ -48,9 +67,9 @@ def _gae(reward, value, next_value, done):
     return adv
 
 
-@pytest.fixture(scope="module")
-def run():
-    env = GymnasiumEnv("CartPole-v1", num_envs=ENVS, seed=3)
+@pytest.fixture(scope="module", params=["CartPole-v1", "Pendulum-v1"])
+def run(request):
+    env = GymnasiumEnv(request.param, num_envs=ENVS, seed=3)
     program = ppo.build(env, CFG, seed=5)
     params = program.optimizer.params
     outputs = [*program.values.values(), *params]
@@ -69,11 +88,10 @@ def test_gae_and_every_update_match_a_jax_reference(run):
     grad = jax.grad(_loss)
     for i in range(ITERATIONS):
         obs, final = values["obs"][i], values["final_obs"][i]
-        np.testing.assert_allclose(values["log_prob"][i], np.take_along_axis(
-            jax.nn.log_softmax(_mlp(current[:6], obs)), values["action"][i][..., None], -1)[..., 0],
-            rtol=1e-5, atol=1e-5)
-        value = np.asarray(_mlp(current[6:], obs)[..., 0])
-        next_value = np.asarray(_mlp(current[6:], final)[..., 0]) * (1 - values["terminated"][i])
+        np.testing.assert_allclose(values["log_prob"][i], _policy(current, obs, values["action"][i])[0],
+                                   rtol=1e-5, atol=1e-5)
+        value = np.asarray(_critic(current, obs))
+        next_value = np.asarray(_critic(current, final)) * (1 - values["terminated"][i])
         done = np.maximum(values["terminated"][i], values["truncated"][i])
         adv = _gae(values["reward"][i], value, next_value, done)
         np.testing.assert_allclose(values["advantage"][i], adv, rtol=1e-4, atol=1e-4)
