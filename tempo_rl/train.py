@@ -15,7 +15,7 @@ import numpy as np
 import tempo as tp
 from tempo.api import checkpoint
 from tempo_rl.algorithms import TrainProgram, algorithm
-from tempo_rl.envs import Env, GymnasiumEnv, GymnaxEnv, SyntheticEnv
+from tempo_rl.envs import BraxEnv, Env, GymnasiumEnv, GymnaxEnv, SyntheticEnv
 from tempo_rl.metrics import MetricLogger
 
 
@@ -34,18 +34,21 @@ class TrainResult:
 
 
 def make_env(cfg: dict[str, Any], seed: int) -> Env:
-    """The env of the config's ``env`` group (``kind``: gymnasium, gymnax or synthetic)."""
+    """The env of the config's ``env`` group (``kind``: gymnasium, gymnax, brax or synthetic)."""
     kind = cfg.get("kind", "gymnasium")
     num_envs = int(cfg.get("num_envs", 8))
     if kind == "gymnasium":
         return GymnasiumEnv(cfg["id"], num_envs=num_envs, seed=seed)
+    if kind == "brax":
+        return BraxEnv(cfg["id"], num_envs=num_envs, seed=seed, backend=cfg.get("backend", "spring"),
+                       episode_length=int(cfg.get("episode_length", 1000)))
     if kind == "gymnax":
         return GymnaxEnv(cfg["id"], num_envs=num_envs, seed=seed)
     if kind == "synthetic":
         return SyntheticEnv(num_envs, tuple(cfg.get("obs_shape", (4,))), int(cfg.get("num_actions", 2)),
                             int(cfg.get("episode_length", 32)), seed=seed)
-    raise ValueError(f"unknown env kind {kind!r}; this build has 'gymnasium', 'gymnax' and "
-                     f"'synthetic'")
+    raise ValueError(f"unknown env kind {kind!r}; this build has 'gymnasium', 'gymnax', "
+                     f"'brax' and 'synthetic'")
 
 
 def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) -> Any:

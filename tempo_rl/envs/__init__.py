@@ -1,9 +1,12 @@
-"""Environments as UDF ops: gymnasium on the host; gymnax and the synthetic env in the graph."""
+"""Environments as UDF ops: gymnasium on the host; gymnax, Brax and the synthetic env in the
+graph."""
 
 from tempo_rl.envs.base import Env, EpisodeStats, Policy, Rollout, Snapshots
+from tempo_rl.envs.brax_env import BraxEnv
 from tempo_rl.envs.gymnasium_env import GymnasiumEnv
 from tempo_rl.envs.gymnax_env import GymnaxEnv
+from tempo_rl.envs.jax_env import JaxEnv
 from tempo_rl.envs.synthetic import SyntheticEnv
 
-__all__ = ["Env", "EpisodeStats", "GymnasiumEnv", "GymnaxEnv", "Policy", "Rollout", "Snapshots",
-           "SyntheticEnv"]
+__all__ = ["BraxEnv", "Env", "EpisodeStats", "GymnasiumEnv", "GymnaxEnv", "JaxEnv", "Policy",
+           "Rollout", "Snapshots", "SyntheticEnv"]

@@ -1,0 +1,48 @@
+"""Brax environments stepped in the graph (continuous actions): Brax's ``EpisodeWrapper``
+counts steps and marks truncation; episodes that end are reset here, keeping the final
+observation for bootstrapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from tempo_rl.envs.jax_env import JaxEnv
+
+
+class BraxEnv(JaxEnv):
+    """``num_envs`` copies of ``brax.envs`` env ``name`` (``"inverted_pendulum"``) on physics
+    ``backend``, episodes truncated after ``episode_length`` steps, reset with ``seed``."""
+
+    discrete = False
+    num_actions = None
+
+    def __init__(self, name: str, num_envs: int = 8, seed: int = 0, backend: str = "spring",
+                 episode_length: int = 1000):
+        try:
+            from brax import envs
+            from brax.envs.wrappers.training import EpisodeWrapper
+        except ImportError as err:
+            raise ImportError("Brax envs need brax: pip install -e .[brax]") from err
+        self.name = name
+        self.env = EpisodeWrapper(envs.get_environment(name, backend=backend), episode_length, 1)
+        self.action_shape = (self.env.action_size,)
+        self.obs_shape = (self.env.observation_size,)
+        super().__init__(num_envs, seed)
+
+    def reset_batch(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        state = jax.vmap(self.env.reset)(jax.random.split(key, self.num_envs))
+        return state.obs, state
+
+    def transition(self, key: jax.Array, state: Any, action: jax.Array) -> tuple[Any, ...]:
+        after = jax.vmap(self.env.step)(state, jnp.clip(action, -1.0, 1.0))
+        truncated = after.info["truncation"]
+        done = after.done
+        _, fresh = self.reset_batch(key)
+
+        def pick(new: jax.Array, old: jax.Array) -> jax.Array:
+            return jnp.where(done.reshape(done.shape + (1,) * (old.ndim - 1)) > 0, new, old)
+        state = jax.tree_util.tree_map(pick, fresh, after)
+        return state.obs, after.reward, done * (1 - truncated), truncated, after.obs, state
