@@ -55,10 +55,10 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
     I, U, T = ctx.bounds
     with ctx:
         policy, critic = actor_critic(env, cfg.hidden, cfg.activation, (i, u))
-        actor, judge = policy.at(i, 0), critic.at(i, 0)
+        actor, acting_critic = policy.at(i, 0), critic.at(i, 0)  # parameters at (i, 0)
         ro = env.rollout(sampling_policy(actor), i, t, T)
-        value = judge(ro.obs).squeeze(-1).detach()
-        next_value = judge(ro.final_obs).squeeze(-1).detach() * (1.0 - ro.terminated)
+        value = acting_critic(ro.obs).squeeze(-1).detach()
+        next_value = acting_critic(ro.final_obs).squeeze(-1).detach() * (1.0 - ro.terminated)
         done = tp.max(ro.terminated, ro.truncated)
         delta = ro.reward + cfg.gamma * next_value - value
         advantage = tp.placeholder(shape=(env.num_envs,), dtype="float32", domain=(i, t))
