@@ -25,14 +25,16 @@ class MetricLogger:
         self.steps_per_iteration = steps_per_iteration
         self.writer = SummaryWriter(str(out_dir / "tensorboard"), flush_secs=5)
         self.wandb = _start_wandb(out_dir, wandb_cfg, config) if wandb_cfg else None
-        self.bar = tqdm(total=iterations, initial=start_iteration, desc="training", unit="it",
-                        disable=not progress)
+        self._bar_args = {"total": iterations, "initial": start_iteration, "desc": "training",
+                          "unit": "it", "disable": not progress}
+        self.bar: tqdm | None = None
         self._seen_episodes = 0
         self._clock = time.perf_counter()
         self.history: list[dict[str, float]] = []
 
     def start(self) -> None:
-        """The run begins now (after compiling): SPS counts from here."""
+        """The run begins now (after compiling): SPS and the progress bar count from here."""
+        self.bar = tqdm(**self._bar_args)
         self._clock = time.perf_counter()
 
     def global_step(self, iteration: int) -> int:
@@ -62,14 +64,16 @@ class MetricLogger:
         row["iteration"] = iteration
         self.history.append(row)
         shown = f"{sum(recent) / len(recent):.1f}" if recent else "-"
-        self.bar.set_postfix(ret=shown, SPS=f"{row['charts/SPS']:.0f}")
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.set_postfix(ret=shown, SPS=f"{row['charts/SPS']:.0f}")
+            self.bar.update(1)
 
     def _scalar(self, name: str, value: float, step: int) -> None:
         self.writer.add_scalar(name, value, step)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
         self.writer.close()
         if self.wandb is not None:
             self.wandb.finish()
