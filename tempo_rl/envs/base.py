@@ -81,6 +81,46 @@ class Snapshots:
                                f"{sorted(self._by_iteration)}") from None
 
 
+class EnvBase:
+    """What the envs here share: finished episodes counted on the host, and the env's state
+    kept at the end of each iteration for checkpoints."""
+
+    num_envs: int
+    obs_shape: tuple[int, ...]
+
+    def __init__(self, num_envs: int):
+        self.stats = EpisodeStats(num_envs)
+        self.snapshots = Snapshots()
+        self._iteration_dim = "i"
+
+    @property
+    def obs_dim(self) -> int:
+        return int(np.prod(self.obs_shape))
+
+    @property
+    def episode_returns(self) -> list[float]:
+        return self.stats.returns
+
+    @property
+    def episode_lengths(self) -> list[int]:
+        return self.stats.lengths
+
+    def snapshot(self, iteration: int) -> bytes:
+        return self.snapshots.get(iteration)
+
+    def _keep_snapshot(self, point: dict[str, int], state: dict[str, Any]) -> int:
+        """Keep ``state`` and the episodes in progress as the env after the iteration of
+        ``point`` (a UDF's point); returns that iteration."""
+        iteration = point[self._iteration_dim]
+        self.snapshots.keep(iteration, {**state, **self.stats.in_progress()})
+        return iteration
+
+    def _record_rollout(self, rewards: np.ndarray, dones: np.ndarray) -> None:
+        """Count the episodes of one iteration's rewards and ends (``(T, num_envs)`` each)."""
+        for reward, done in zip(rewards, dones):
+            self.stats.record(reward, done)
+
+
 class Env(Protocol):
     num_envs: int
     obs_shape: tuple[int, ...]

@@ -19,13 +19,14 @@ import numpy as np
 
 import tempo as tp
 from tempo.symbolic.expr import Symbol
-from tempo_rl.envs.base import EpisodeStats, Policy, Rollout, Snapshots
+from tempo_rl.envs.base import EnvBase, Policy, Rollout
 
 
-class GymnasiumEnv:
+class GymnasiumEnv(EnvBase):
     """``num_envs`` copies of a registered gymnasium env, reset with ``seed``."""
 
     def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0):
+        super().__init__(num_envs)
         self.env_id, self.num_envs, self.seed = env_id, num_envs, seed
         self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
                                  vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
@@ -35,22 +36,7 @@ class GymnasiumEnv:
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.num_actions = int(action_space.n) if self.discrete else None
         self.action_shape = () if self.discrete else tuple(action_space.shape)
-        self.stats = EpisodeStats(num_envs)
         self._restored_obs: np.ndarray | None = None
-        self.snapshots = Snapshots()
-        self._iteration_dim = "i"
-
-    @property
-    def episode_returns(self) -> list[float]:
-        return self.stats.returns
-
-    @property
-    def episode_lengths(self) -> list[int]:
-        return self.stats.lengths
-
-    @property
-    def obs_dim(self) -> int:
-        return int(np.prod(self.obs_shape))
 
     # ---- host side ------------------------------------------------------------------
     def _reset(self) -> np.ndarray:
@@ -79,13 +65,8 @@ class GymnasiumEnv:
     # ---- checkpoints -------------------------------------------------------------------
     def _carry(self, point: dict[str, int], last_obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Between iterations: keep the state the next iteration starts from."""
-        iteration = point[self._iteration_dim]
-        self.snapshots.keep(iteration, {"envs": self.envs.envs, "obs": last_obs,
-                                        **self.stats.in_progress()})
+        iteration = self._keep_snapshot(point, {"envs": self.envs.envs, "obs": last_obs})
         return last_obs, np.float32(iteration)
-
-    def snapshot(self, iteration: int) -> bytes:
-        return self.snapshots.get(iteration)
 
     def restore(self, state: bytes) -> None:
         saved = pickle.loads(state)

@@ -19,10 +19,10 @@ import numpy as np
 
 import tempo as tp
 from tempo.symbolic.expr import Symbol
-from tempo_rl.envs.base import EpisodeStats, Policy, Rollout, Snapshots
+from tempo_rl.envs.base import EnvBase, Policy, Rollout
 
 
-class JaxEnv:
+class JaxEnv(EnvBase):
     """Base class: ``num_envs`` copies of a JAX env, reset with ``seed``."""
 
     num_envs: int
@@ -32,10 +32,8 @@ class JaxEnv:
     action_shape: tuple[int, ...]
 
     def __init__(self, num_envs: int, seed: int):
+        super().__init__(num_envs)
         self.num_envs, self.seed = num_envs, seed
-        self.stats = EpisodeStats(num_envs)
-        self.snapshots = Snapshots()
-        self._iteration_dim = "i"
         obs, state = self.reset_batch(jax.random.PRNGKey(seed))
         leaves, self._treedef = jax.tree_util.tree_flatten(state)
         self._leaf_types = [(tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves]
@@ -52,18 +50,6 @@ class JaxEnv:
         raise NotImplementedError
 
     # ---- shared -----------------------------------------------------------------------
-    @property
-    def obs_dim(self) -> int:
-        return int(np.prod(self.obs_shape))
-
-    @property
-    def episode_returns(self) -> list[float]:
-        return self.stats.returns
-
-    @property
-    def episode_lengths(self) -> list[int]:
-        return self.stats.lengths
-
     def step(self, seed: jax.Array, action: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
         """Pure JAX: ``(obs, reward, terminated, truncated, final_obs, *next_leaves)``."""
         state = jax.tree_util.tree_unflatten(self._treedef, leaves)
@@ -81,14 +67,9 @@ class JaxEnv:
                obs: np.ndarray, *leaves: np.ndarray) -> tuple:
         """Between iterations: count the iteration's episodes, keep the state the next
         one starts from."""
-        for reward, done in zip(rewards, dones):
-            self.stats.record(reward, done)
-        iteration = point[self._iteration_dim]
-        self.snapshots.keep(iteration, {"obs": obs, "leaves": list(leaves), **self.stats.in_progress()})
+        self._record_rollout(rewards, dones)
+        iteration = self._keep_snapshot(point, {"obs": obs, "leaves": list(leaves)})
         return (obs, *leaves, np.float32(iteration))
-
-    def snapshot(self, iteration: int) -> bytes:
-        return self.snapshots.get(iteration)
 
     def restore(self, state: bytes) -> None:
         saved = pickle.loads(state)

@@ -23,10 +23,10 @@ import numpy as np
 
 import tempo as tp
 from tempo.symbolic.expr import Symbol
-from tempo_rl.envs.base import EpisodeStats, Policy, Rollout, Snapshots
+from tempo_rl.envs.base import EnvBase, Policy, Rollout
 
 
-class SyntheticEnv:
+class SyntheticEnv(EnvBase):
     """``num_envs`` copies of the bandit; ``seed`` draws the first observations."""
 
     discrete = True
@@ -36,24 +36,10 @@ class SyntheticEnv:
                  episode_length: int = 32, seed: int = 0):
         if num_actions < 2 or episode_length < 1:
             raise ValueError("the synthetic env needs num_actions >= 2 and episode_length >= 1")
+        super().__init__(num_envs)
         self.num_envs, self.obs_shape = num_envs, tuple(obs_shape)
         self.num_actions, self.episode_length, self.seed = num_actions, episode_length, seed
-        self.stats = EpisodeStats(num_envs)
-        self.snapshots = Snapshots()
         self._restored: dict[str, np.ndarray] | None = None
-        self._iteration_dim = "i"
-
-    @property
-    def obs_dim(self) -> int:
-        return int(np.prod(self.obs_shape))
-
-    @property
-    def episode_returns(self) -> list[float]:
-        return self.stats.returns
-
-    @property
-    def episode_lengths(self) -> list[int]:
-        return self.stats.lengths
 
     # ---- in the graph ---------------------------------------------------------------
     def step(self, obs: jax.Array, count: jax.Array, action: jax.Array,
@@ -79,14 +65,9 @@ class SyntheticEnv:
                rewards: np.ndarray, truncated: np.ndarray) -> tuple:
         """Between iterations: count the iteration's episodes, keep the state the next
         one starts from."""
-        for reward, done in zip(rewards, truncated):
-            self.stats.record(reward, done)
-        iteration = point[self._iteration_dim]
-        self.snapshots.keep(iteration, {"obs": obs, "count": count, **self.stats.in_progress()})
+        self._record_rollout(rewards, truncated)
+        iteration = self._keep_snapshot(point, {"obs": obs, "count": count})
         return obs, count, np.float32(iteration)
-
-    def snapshot(self, iteration: int) -> bytes:
-        return self.snapshots.get(iteration)
 
     def restore(self, state: bytes) -> None:
         saved = pickle.loads(state)
