@@ -119,6 +119,49 @@ class SDG:
             sub.inputs[k] = list(self.inputs[k])
         return sub
 
+    def components_consumers_first(self) -> list[list[Op]]:
+        """Strongly connected components (ops that read each other through recurrences),
+        each listed after every component that reads it (Tarjan's algorithm, iterative)."""
+        consumers = self.consumers()
+        index: dict[int, int] = {}
+        low: dict[int, int] = {}
+        on_stack: set[int] = set()
+        stack: list[int] = []
+        out: list[list[Op]] = []
+        for start in self.ops:
+            if start in index:
+                continue
+            work = [(start, iter(consumers[start]))]
+            index[start] = low[start] = len(index)
+            stack.append(start)
+            on_stack.add(start)
+            while work:
+                k, successors = work[-1]
+                step = next(successors, None)
+                if step is not None:
+                    nxt = step.sink.id
+                    if nxt not in index:
+                        index[nxt] = low[nxt] = len(index)
+                        stack.append(nxt)
+                        on_stack.add(nxt)
+                        work.append((nxt, iter(consumers[nxt])))
+                    elif nxt in on_stack:
+                        low[k] = min(low[k], index[nxt])
+                    continue
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[k])
+                if low[k] == index[k]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(self.ops[member])
+                        if member == k:
+                            break
+                    out.append(component)
+        return out
+
     def __len__(self) -> int:
         return len(self.ops)
 

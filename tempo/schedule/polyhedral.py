@@ -7,6 +7,7 @@ from statement names to ops is kept in a dict, never parsed back from names.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import islpy as isl
@@ -166,21 +167,94 @@ def needed_points(poly: Polyhedral, roots: list[Op], reads: dict[Edge, isl.Union
                   max_rounds: int = 64, closure: bool = True) -> isl.UnionSet | None:
     """Points of every op that the roots depend on, transitively (roots included).
 
-    Iterates the read relations to a fixpoint, and takes isl's transitive closure when
-    that is long (a chain ``y[T-1] <- y[T-2] <- ...``, or any chain when parametric);
-    without ``closure``, returns None then.
+    Walks the graph's strongly connected components, consumers first: an op's needed
+    points are complete once every op that reads it is done, so the acyclic part costs
+    one application of each read relation. Inside a recurrence the reads are swept in
+    consumers-first order until nothing grows; a chain that grows one point per sweep
+    (``y[T-1] <- y[T-2] <- ...``) falls back to isl's transitive closure of the
+    recurrence's reads after ``max_rounds`` sweeps, or, without ``closure``, gives None.
     """
-    needed = _union_sets(poly.box(op) for op in roots)
-    relation = _union_maps(reads.values())
+    by_sink: dict[int, list[tuple[int, isl.UnionMap]]] = defaultdict(list)
+    for edge, rel in reads.items():
+        by_sink[edge.sink.id].append((edge.src.id, rel))
+    needed: dict[int, isl.UnionSet] = {op.id: poly.box(op) for op in roots}
+    for component in poly.graph.components_consumers_first():
+        members = [op.id for op in component]
+        inside = set(members)
+        if any(src in inside for k in members for src, _ in by_sink[k]):
+            if not _close_recurrence(poly, component, by_sink, needed, max_rounds, closure):
+                return None
+        for k in members:
+            if k in needed:
+                for src, rel in by_sink[k]:
+                    if src not in inside:
+                        needed[src] = _grow(needed.get(src), needed[k].apply(rel))
+    return _union_sets(needed.values()).coalesce()
+
+
+def _close_recurrence(poly: Polyhedral, component: list[Op],
+                      by_sink: dict[int, list[tuple[int, isl.UnionMap]]],
+                      needed: dict[int, isl.UnionSet], max_rounds: int, closure: bool) -> bool:
+    """Grow ``needed`` inside one recurrence to its fixpoint (see ``needed_points``)."""
+    inside = {op.id for op in component}
+    order = _consumers_first(component, by_sink)
+    pending = {k: needed[k] for k in order if k in needed}
     for _ in range(max_rounds):
-        grown = needed.union(needed.apply(relation)).coalesce()
-        if grown.is_equal(needed):
-            return needed
-        needed = grown
+        if not pending:
+            return True
+        for k in order:
+            points = pending.pop(k, None)
+            if points is None:
+                continue
+            for src, rel in by_sink[k]:
+                if src in inside:
+                    new = points.apply(rel)
+                    if src in needed:
+                        new = new.subtract(needed[src])
+                    if not new.is_empty():
+                        needed[src] = _grow(needed.get(src), new)
+                        pending[src] = _grow(pending.get(src), new)
+    if not pending:
+        return True
     if not closure:
-        return None
+        return False
+    relation = _union_maps(rel for k in order for src, rel in by_sink[k] if src in inside)
     reach, _exact = relation.transitive_closure()
-    return needed.union(needed.apply(reach)).coalesce()
+    start = _union_sets(needed[k] for k in order if k in needed)
+    reached = start.union(start.apply(reach))
+    for op in component:
+        points = reached.intersect(poly.box(op))
+        if not points.is_empty():
+            needed[op.id] = points.coalesce()
+    return True
+
+
+def _consumers_first(component: list[Op], by_sink: dict[int, list[tuple[int, isl.UnionMap]]]
+                     ) -> list[int]:
+    """The component's ops, each before the ops it reads except along the edges that close
+    its cycles (reverse postorder of a depth-first walk along reads)."""
+    inside = {op.id for op in component}
+    seen: set[int] = set()
+    post: list[int] = []
+    for op in component:
+        if op.id in seen:
+            continue
+        seen.add(op.id)
+        work = [(op.id, iter(by_sink[op.id]))]
+        while work:
+            k, sources = work[-1]
+            step = next(sources, None)
+            if step is None:
+                work.pop()
+                post.append(k)
+            elif step[0] in inside and step[0] not in seen:
+                seen.add(step[0])
+                work.append((step[0], iter(by_sink[step[0]])))
+    return post[::-1]
+
+
+def _grow(points: isl.UnionSet | None, more: isl.UnionSet) -> isl.UnionSet:
+    return more if points is None else points.union(more).coalesce()
 
 
 def check_reads(poly: Polyhedral, needed: isl.UnionSet, reads: dict[Edge, isl.UnionMap]) -> None:

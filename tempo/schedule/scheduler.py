@@ -161,9 +161,7 @@ def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[S
     """The parametric view, when its needed points agree with the concrete ones."""
     poly = Polyhedral(graph, bounds, bound_of, parametric=True)
     reads = poly.all_reads()
-    poly_needed = needed_points(poly, roots, reads, max_rounds=8, closure=False)
-    if poly_needed is None:
-        poly_needed = _bound_relative_boxes(poly, needed)
+    poly_needed = _bound_relative_boxes(poly, needed)
     if poly_needed is None:
         poly_needed = needed_points(poly, roots, reads)
     if not poly.fix_params(poly_needed).is_equal(needed):
