@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from tempo.ir.graph import SDG
+from tempo.passes.copies import propagate_copies
+from tempo.passes.dedup import merge_duplicates
+from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
+from tempo.passes.simplify import simplify_algebra
 from tempo.symbolic.expr import Symbol
 
 
@@ -39,7 +43,13 @@ def fusion(graph: SDG, state: PassState) -> SDG:
     return result.graph
 
 
-PIPELINE: list[tuple[str, Pass]] = [("fusion", fusion)]
+PIPELINE: list[tuple[str, Pass]] = [
+    ("fold", fold_constants),        # constant expressions computed once (tempo.passes.fold)
+    ("simplify", simplify_algebra),  # ops that return their operand go (tempo.passes.simplify)
+    ("dedup", merge_duplicates),     # duplicate ops merged (tempo.passes.dedup)
+    ("copies", propagate_copies),    # readers of identity ops read their sources (tempo.passes.copies)
+    ("fusion", fusion),
+]
 
 
 def run_pipeline(graph: SDG, state: PassState, enabled: Collection[str] | None,

@@ -101,6 +101,16 @@ class Executable:
         self._program(namespace)
         return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
 
+    def execution_order(self) -> list[tuple[str, Op, tuple[int, ...]]]:
+        """What ``run()`` executes, in order, without running it: ``("exec" | "free", op,
+        point)`` per statement instance."""
+        trace: list[tuple[str, Op, tuple[int, ...]]] = []
+
+        def recorder(kind: str, op: Op) -> Callable[[tuple[int, ...]], None]:
+            return lambda point: trace.append((kind, op, tuple(point)))
+        self._program({name: recorder(s.kind, s.op) for name, s in self.schedule.statements.items()})
+        return trace
+
     def _gather(self, rt: RecurrentTensor, stores: dict) -> np.ndarray:
         store = stores[rt.key]
         sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]

@@ -1,0 +1,48 @@
+"""Running one pipeline pass on a program's SDG, as ``compile`` prepares it, and checking
+that the needed points it hands on are those of the graph it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from tempo.ir.graph import SDG, program_roots
+from tempo.ir.validate import resolve_bounds
+from tempo.passes import PIPELINE, PassState
+from tempo.schedule.scheduler import analyze_points
+
+
+@dataclass
+class PassRun:
+    before: SDG
+    after: SDG
+    state: PassState
+
+    def kinds(self, which: str = "after") -> list[str]:
+        return sorted(op.kind for op in getattr(self, which).ops.values())
+
+    def count(self, kind: str, which: str = "after") -> int:
+        return self.kinds(which).count(kind)
+
+
+def run_one_pass(ctx, bounds: dict, outputs: list, name: str) -> PassRun:
+    """The SDG before and after the pass ``name`` alone. Its needed points must be exactly
+    what the point analysis finds on the new graph: every op's, and nothing else."""
+    roots = program_roots(ctx.graph, [rt.op for rt in outputs])
+    graph = ctx.graph.reachable_from(roots)
+    values = resolve_bounds(graph, ctx.bound_of, bounds)
+    needed = analyze_points(graph, values, ctx.bound_of, roots)
+    state = PassState(needed, values, {rt.op.id for rt in outputs}, next_id=max(ctx.graph.ops) + 1)
+    after = dict(PIPELINE)[name](graph, state)
+    assert all(op.id in after.ops for op in roots)
+    for op in after.ops.values():
+        for edge in after.in_edges(op):
+            assert edge.src.id in after.ops, f"{op.name} reads {edge.src.name}, which is gone"
+    assert state.needed.is_equal(analyze_points(after, values, ctx.bound_of, roots))
+    return PassRun(graph, after, state)
+
+
+@pytest.fixture
+def run_pass():
+    return run_one_pass
