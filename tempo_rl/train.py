@@ -109,7 +109,9 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
         when = i == I - 1 if every <= 0 else ((i + first + 1) % every == 0) | (i == I - 1)
         _save_checkpoints(program, env, cfg, target, when, keep=bool(cfg.get("keep_checkpoints")))
     start = time.perf_counter()
-    exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "numpy"))
+    passes = cfg.get("passes")
+    exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "numpy"),
+                      passes=None if passes is None else list(passes))
     compiled = time.perf_counter()
     if cfg.get("compile_report"):
         print(exe.report)

@@ -207,13 +207,17 @@ class Linear(Module):
 
 
 class MLP(Module):
-    """Linear layers with an activation between them (none after the last)."""
+    """Linear layers with an activation between them (none after the last).
 
-    def __init__(self, in_features: int, hidden: Sequence[int], out_features: int,
+    ``in_features`` may be a shape (``(3, 4, 4)``): inputs' trailing dims of that shape
+    are flattened first."""
+
+    def __init__(self, in_features: int | Sequence[int], hidden: Sequence[int], out_features: int,
                  activation: str = "tanh", hidden_gain: float = math.sqrt(2),
                  out_gain: float = 1.0, domain: Sequence[Symbol] = ()):
         super().__init__(domain)
-        sizes = [in_features, *hidden, out_features]
+        self.in_shape = (in_features,) if isinstance(in_features, int) else tuple(in_features)
+        sizes = [math.prod(self.in_shape), *hidden, out_features]
         self.act = get_activation(activation)
         self.layers = [
             self.add(f"layer{k}", Linear(a, b, init=orthogonal(out_gain if k == len(sizes) - 2
@@ -221,6 +225,8 @@ class MLP(Module):
             for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))]
 
     def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        if len(self.in_shape) > 1:
+            x = x.reshape(*x.shape[:x.ndim - len(self.in_shape)], math.prod(self.in_shape))
         for k, layer in enumerate(self.layers):
             x = layer(x)
             if k < len(self.layers) - 1:

@@ -93,10 +93,10 @@ def standardize(x: RecurrentTensor, eps: float = 1e-8) -> RecurrentTensor:
 class CategoricalPolicy(nn.Module):
     """Discrete actions: a categorical over the MLP's logits."""
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden: tuple[int, ...], activation: str,
-                 domain: tuple):
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, hidden: tuple[int, ...],
+                 activation: str, domain: tuple):
         super().__init__(domain)
-        self.logits = self.add("logits", nn.MLP(obs_dim, hidden, num_actions, activation=activation,
+        self.logits = self.add("logits", nn.MLP(obs_shape, hidden, num_actions, activation=activation,
                                                 out_gain=0.01, domain=domain))
 
     def forward(self, obs: RecurrentTensor) -> RecurrentTensor:
@@ -110,11 +110,11 @@ class GaussianPolicy(nn.Module):
     """Continuous actions: a diagonal Gaussian with the MLP's mean and a learned,
     state-independent log standard deviation (as CleanRL's ``ppo_continuous_action``)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], activation: str,
-                 domain: tuple):
+    def __init__(self, obs_shape: tuple[int, ...], action_dim: int, hidden: tuple[int, ...],
+                 activation: str, domain: tuple):
         super().__init__(domain)
         self.log_std = self.param("log_std", (action_dim,), nn.zeros)
-        self.mean = self.add("mean", nn.MLP(obs_dim, hidden, action_dim, activation=activation,
+        self.mean = self.add("mean", nn.MLP(obs_shape, hidden, action_dim, activation=activation,
                                             out_gain=0.01, domain=domain))
 
     def forward(self, obs: RecurrentTensor) -> RecurrentTensor:
@@ -143,11 +143,11 @@ def sampling_policy(policy: Policy, entropy: bool = False):
 def actor_critic(env: Env, hidden: tuple[int, ...], activation: str,
                  domain: tuple) -> tuple[Policy, nn.MLP]:
     """CleanRL's networks for ``env``'s actions: orthogonal init, gain 0.01 on the policy
-    head, 1 on the value."""
+    head, 1 on the value. Observations of more than one dim are flattened."""
     if env.discrete:
-        policy: Policy = CategoricalPolicy(env.obs_dim, int(env.num_actions), hidden, activation, domain)
+        policy: Policy = CategoricalPolicy(env.obs_shape, int(env.num_actions), hidden, activation, domain)
     else:
         action_dim = int(np.prod(env.action_shape))
-        policy = GaussianPolicy(env.obs_dim, action_dim, hidden, activation, domain)
-    critic = nn.MLP(env.obs_dim, hidden, 1, activation=activation, out_gain=1.0, domain=domain)
+        policy = GaussianPolicy(env.obs_shape, action_dim, hidden, activation, domain)
+    critic = nn.MLP(env.obs_shape, hidden, 1, activation=activation, out_gain=1.0, domain=domain)
     return policy, critic

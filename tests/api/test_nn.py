@@ -99,6 +99,20 @@ def test_same_seed_same_initial_parameters():
     assert not np.array_equal(a[0], c[0])
 
 
+def test_mlp_flattens_inputs_of_its_input_shape():
+    """``MLP((2, 2), ...)`` on ``(5, 2, 2)`` inputs: the same as its layers on ``(5, 4)``."""
+    ctx = tp.Context(dims=("i",))
+    (I,) = ctx.bounds
+    with ctx:
+        mlp = nn.MLP((2, 2), [3], 2)
+        y = mlp(tp.const(X.reshape(5, 2, 2)))
+    (w0, b0), (w1, b1) = [(layer.weight.op.params["value"], layer.bias.op.params["value"])
+                          for layer in mlp.layers]  # no domain: parameters are constants
+    expected = np.tanh(X @ w0 + b0) @ w1 + b1
+    np.testing.assert_allclose(ctx.compile({I: 1}, [y], backend="numpy").run()[y], expected,
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("backend", ["numpy", "jax"])
 def test_mlp_fits_sine(backend):
     """The supervised example: an MLP fits y = sin(x) on 256 points, trained end to end as an

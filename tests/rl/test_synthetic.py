@@ -34,7 +34,8 @@ def test_ppo_learns_the_synthetic_env(tmp_path):
 
 
 def test_the_jax_backend_runs_the_in_graph_env(tmp_path):
-    cfg = config("env=synthetic", "total_timesteps=2048", "backend=jax")
+    """With the paper's 3x4x4 observations (the networks flatten them)."""
+    cfg = config("env=synthetic", "total_timesteps=2048", "backend=jax", "env.obs_shape=[3,4,4]")
     result = train(cfg, tmp_path, progress=False)
     assert len(result.episode_returns) == 2048 // 32  # every episode is 32 steps
     assert all(0 <= r <= 32 for r in result.episode_returns)
