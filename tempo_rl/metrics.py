@@ -13,7 +13,8 @@ from tempo_rl.envs import Env
 
 
 class MetricLogger:
-    """Called by the program's metric sink once per iteration, while it runs.
+    """Called by the program's metric sink once per iteration, while it runs. Episodic
+    return and length are the means over the episodes that ended in the iteration.
 
     ``iterations`` is the whole run's; a resumed run starts at ``start_iteration``."""
 
@@ -49,17 +50,18 @@ class MetricLogger:
         row = {name: float(v) for name, v in zip(names, values)}
         row["charts/SPS"] = self.steps_per_iteration / max(now - self._clock, 1e-9)
         self._clock = now
-        for ret, length in zip(self.env.episode_returns[self._seen_episodes:],
-                               self.env.episode_lengths[self._seen_episodes:]):
-            self._scalar("charts/episodic_return", ret, step)
-            self._scalar("charts/episodic_length", length, step)
+        finished = self.env.episode_returns[self._seen_episodes:]
+        if finished:  # one point per iteration: thousands of episodes end in one at 512 envs
+            row["charts/episodic_return"] = sum(finished) / len(finished)
+            lengths = self.env.episode_lengths[self._seen_episodes:]
+            row["charts/episodic_length"] = sum(lengths) / len(lengths)
+        row["charts/episodes"] = len(finished)
         recent = self.env.episode_returns[-20:]
         self._seen_episodes = len(self.env.episode_returns)
         for name, value in row.items():
             self._scalar(name, value, step)
         if self.wandb is not None:
-            self.wandb.log({**row, **({"charts/episodic_return": recent[-1]} if recent else {})},
-                           step=step)
+            self.wandb.log(row, step=step)
         self.writer.flush()
         row["iteration"] = iteration
         self.history.append(row)

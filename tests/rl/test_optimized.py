@@ -1,0 +1,28 @@
+"""Differential test on an RL program: the optimized pipeline (every pass) and the unoptimized
+one (no pass) train identically: the same losses at every iteration, the same episodes.
+REINFORCE runs here; PPO's optimized program is checked update by update against JAX in
+test_ppo.py, n-step's returns against NumPy in test_algorithms.py (compiling them without
+passes takes a minute or more, too long for the suite; the core differential test compiles
+random programs both ways)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tempo_rl.config import load_config as config
+from tempo_rl.train import train
+
+
+def test_every_pass_or_none_trains_the_same(tmp_path):
+    common = ("algorithm=reinforce", "algorithm.num_steps=24", "env.num_envs=2", "total_timesteps=96")
+    runs = {name: train(config(*common, f"passes={passes}"), tmp_path / name, progress=False)
+            for name, passes in [("optimized", "null"), ("unoptimized", "[]")]}
+    optimized, unoptimized = runs["optimized"], runs["unoptimized"]
+    assert len(optimized.history) == len(unoptimized.history) == 2
+    losses = [name for name in unoptimized.history[0] if name.startswith("losses/")]
+    assert losses
+    for fast, plain in zip(optimized.history, unoptimized.history):
+        for name in losses:
+            np.testing.assert_allclose(fast[name], plain[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert optimized.episode_returns, "no episode ended: the returns compared nothing"
+    assert optimized.episode_returns == unoptimized.episode_returns
