@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of Tempo against peer systems (see benchmarks/README.md)."""

@@ -1,0 +1,1 @@
+"""Hand-written PPO baselines: CleanRL-style PyTorch and PureJaxRL-style JAX."""

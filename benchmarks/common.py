@@ -1,0 +1,124 @@
+"""What every system's PPO run shares: the settings (read from Tempo's own config, so the
+hyperparameters are identical across systems) and what a run measures."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PPOSettings:
+    """PPO's hyperparameters, as in ``conf/algorithm/ppo.yaml`` and ``conf/network``."""
+
+    num_steps: int
+    learning_rate: float
+    anneal_lr: bool
+    gamma: float
+    gae_lambda: float
+    update_epochs: int
+    num_minibatches: int
+    clip_coef: float
+    clip_vloss: bool
+    ent_coef: float
+    vf_coef: float
+    normalize_advantages: bool
+    max_grad_norm: float | None
+    adam_eps: float
+    hidden: tuple[int, ...]
+    activation: str
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> PPOSettings:
+        """From a Tempo training config (the plain-dict Hydra config)."""
+        algo, net = cfg["algorithm"], cfg.get("network", {})
+        if algo["name"] != "ppo":
+            raise ValueError(f"the benchmark runs PPO, not {algo['name']!r}")
+        return cls(int(algo["num_steps"]), float(algo["learning_rate"]), bool(algo["anneal_lr"]),
+                   float(algo["gamma"]), float(algo["gae_lambda"]), int(algo["update_epochs"]),
+                   int(algo["num_minibatches"]), float(algo["clip_coef"]), bool(algo["clip_vloss"]),
+                   float(algo["ent_coef"]), float(algo["vf_coef"]), bool(algo["normalize_advantages"]),
+                   None if algo["max_grad_norm"] is None else float(algo["max_grad_norm"]),
+                   float(algo["adam_eps"]), tuple(int(h) for h in net.get("hidden", (64, 64))),
+                   str(net.get("activation", "tanh")))
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """The benchmark's env: ``synthetic`` (the contextual bandit of
+    ``tempo_rl/envs/synthetic.py``) or ``cartpole`` (CartPole-v1)."""
+
+    name: str
+    num_envs: int
+    obs_shape: tuple[int, ...]
+    num_actions: int
+    episode_length: int
+
+    @property
+    def obs_dim(self) -> int:
+        return math.prod(self.obs_shape)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured run: a system on an env and config, in its own process."""
+
+    system: str
+    """``tempo-numpy``, ``tempo-jax``, ``torch`` or ``jax``."""
+    impl: str
+    """How the env is stepped: ``synthetic``, ``gymnasium`` or ``gymnax``."""
+    config: str
+    env: EnvSettings
+    ppo: PPOSettings
+    warmup: int
+    iterations: int
+    seed: int = 0
+    passes: tuple[str, ...] | None = None
+    """Tempo's optimization passes (None: all of them)."""
+    label: str = ""
+    tempo_cfg: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def total_iterations(self) -> int:
+        return self.warmup + self.iterations
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.env.num_envs * self.ppo.num_steps
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Cell:
+        env = EnvSettings(**{**data["env"], "obs_shape": tuple(data["env"]["obs_shape"])})
+        ppo = PPOSettings(**{**data["ppo"], "hidden": tuple(data["ppo"]["hidden"])})
+        passes = None if data["passes"] is None else tuple(data["passes"])
+        return cls(**{**data, "env": env, "ppo": ppo, "passes": passes})
+
+
+@dataclass
+class Measurement:
+    """What a system's run reports: compile time (None where there is none), the time of
+    each iteration (warm-up ones first) and the returns of finished episodes, in order."""
+
+    compile_s: float | None
+    iteration_s: list[float]
+    episode_returns: list[float]
+    note: str = ""
+
+
+def score(env: EnvSettings, steps_per_iteration: int, returns: list[float], last: bool = True) -> float:
+    """How well the policy does, from the finished episodes: on the synthetic env the mean
+    reward per step over about one iteration's episodes (random: 1/num_actions), on
+    CartPole the mean return of 20 episodes; the last ones, or the first ones."""
+    if env.name == "synthetic":
+        count = max(1, steps_per_iteration // env.episode_length)
+    else:
+        count = 20
+    chosen = returns[-count:] if last else returns[:count]
+    if not chosen:
+        return float("nan")
+    mean = sum(chosen) / len(chosen)
+    return mean / env.episode_length if env.name == "synthetic" else mean
