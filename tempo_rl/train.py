@@ -103,8 +103,12 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     every = int(cfg.get("checkpoint_every") or 0)
     target = out_dir / "checkpoints" / "last.npz"
     with ctx:
-        tp.sink([program.metrics[n] for n in names],
-                lambda values, point: logger.on_iteration(names, values, point), name="metrics")
+        # The sink also reads what the env keeps between iterations, so it runs after the
+        # env has recorded the iteration's episodes, in every schedule.
+        after_env = [program.rollout.saved] if program.rollout and program.rollout.saved is not None else []
+        tp.sink([program.metrics[n] for n in names] + after_env,
+                lambda values, point: logger.on_iteration(names, values[:len(names)], point),
+                name="metrics")
         # Sinks see the whole run's iteration numbers (the origin): i + first here.
         when = i == I - 1 if every <= 0 else ((i + first + 1) % every == 0) | (i == I - 1)
         _save_checkpoints(program, env, cfg, target, when, keep=bool(cfg.get("keep_checkpoints")))
