@@ -16,6 +16,7 @@ import islpy as isl
 
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.types import TensorType
+from tempo.passes.rewrite import needed_by_op
 from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, logical_and
 
 if TYPE_CHECKING:
@@ -63,13 +64,10 @@ def _without(graph: SDG, copies: set[int]) -> SDG:
 
 
 def _drop_points(needed: isl.UnionSet, ops: set[int]) -> isl.UnionSet:
-    names = {f"S{k}" for k in ops}
-    sets = needed.get_set_list()
-    kept = isl.UnionSet.empty(needed.get_space())
-    for k in range(sets.n_set()):
-        piece = sets.get_at(k)
-        if piece.get_tuple_name() not in names:
-            kept = kept.union(isl.UnionSet.from_set(piece))
+    kept = needed.subtract(needed)  # empty, in needed's isl context
+    for k, points in needed_by_op(needed).items():
+        if k not in ops:
+            kept = kept.union(isl.UnionSet.from_set(points))
     return kept
 
 

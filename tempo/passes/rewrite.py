@@ -80,14 +80,7 @@ def apply_rewrites(graph: SDG, needed: isl.UnionSet, keep: set[int],
 
 def _reached(graph: SDG, keep: set[int]) -> set[int]:
     roots = program_roots(graph, [graph.ops[k] for k in sorted(keep) if k in graph.ops])
-    seen: set[int] = set()
-    stack = [op.id for op in roots]
-    while stack:
-        k = stack.pop()
-        if k not in seen:
-            seen.add(k)
-            stack.extend(e.src.id for e in graph.inputs[k])
-    return seen
+    return set(graph.reachable_from(roots).ops)
 
 
 def _without(graph: SDG, dead: set[int]) -> SDG:
