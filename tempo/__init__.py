@@ -29,11 +29,12 @@ from tempo.errors import (
     UnschedulableError,
     UnsupportedExpressionError,
 )
+from tempo.schedule.memory import MemoryPolicy
 from tempo.symbolic.expr import Slice, Symbol
 
 __all__ = [
-    "BoundsError", "Context", "DomainError", "OutOfRangeError", "RecurrentTensor", "ShapeError",
-    "Slice", "Symbol", "TempoError", "UDFError", "UndefinedPointError", "UnschedulableError",
+    "BoundsError", "Context", "DomainError", "MemoryPolicy", "OutOfRangeError", "RecurrentTensor",
+    "ShapeError", "Slice", "Symbol", "TempoError", "UDFError", "UndefinedPointError", "UnschedulableError",
     "UnsupportedExpressionError", "cat", "const", "matmul", "max", "min", "normal",
     "placeholder", "randint", "sink", "stack", "symbol_value", "udf", "uniform", "where",
 ]

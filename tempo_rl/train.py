@@ -115,7 +115,8 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     start = time.perf_counter()
     passes = cfg.get("passes")
     exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "numpy"),
-                      passes=None if passes is None else list(passes))
+                      passes=None if passes is None else list(passes),
+                      memory=tp.MemoryPolicy(**cfg.get("memory", {})))
     compiled = time.perf_counter()
     if cfg.get("compile_report"):
         print(exe.report)

@@ -13,6 +13,7 @@ from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Symbol
 if TYPE_CHECKING:
     from tempo.api.tensor import RecurrentTensor
     from tempo.runtime.executable import Executable
+    from tempo.schedule.memory import MemoryPolicy
 
 _ACTIVE: list[Context] = []
 
@@ -100,13 +101,16 @@ class Context:
         self.graph.add_edge(Edge(merge, k, value.op, value.out, phi, cond))
 
     def compile(self, bounds: dict[Symbol, int], outputs: Sequence[RecurrentTensor] = (),
-                backend: str = "jax", passes: Collection[str] | None = None) -> Executable:
+                backend: str = "jax", passes: Collection[str] | None = None,
+                memory: MemoryPolicy | None = None) -> Executable:
         """Check, optimize and schedule the program for concrete ``bounds``; ``backend`` is
         "jax" or "numpy"; ``passes`` names the optimization passes to run (all by default,
-        ``()`` for none). ``run()`` on the result returns the value of every point of
+        ``()`` for none); ``memory`` is where stored points wait (``tp.MemoryPolicy``; by
+        default on the device). ``run()`` on the result returns the value of every point of
         ``outputs``; ``report`` on it says where compile time went."""
         from tempo.runtime.executable import compile_program
-        return compile_program(self, bounds, list(outputs), backend=backend, passes=passes)
+        return compile_program(self, bounds, list(outputs), backend=backend, passes=passes,
+                               memory=memory)
 
     def __repr__(self) -> str:
         return f"Context(dims=({self._dim_names()}), ops={len(self.graph)})"

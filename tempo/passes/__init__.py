@@ -15,6 +15,7 @@ import islpy as isl
 from tempo.ir.graph import SDG
 from tempo.passes.copies import propagate_copies
 from tempo.passes.dedup import merge_duplicates
+from tempo.passes.domains import reduce_domains
 from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
 from tempo.passes.simplify import simplify_algebra
@@ -25,6 +26,8 @@ from tempo.symbolic.expr import Symbol
 class PassState:
     needed: isl.UnionSet
     bounds: dict[Symbol, int]
+    bound_of: dict[Symbol, Symbol]
+    """The bound symbol of each dim."""
     keep: set[int]
     """Ids of ops that must stay as they are (outputs: their stores are read at the end)."""
     next_id: int
@@ -47,6 +50,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fold", fold_constants),        # constant expressions computed once (tempo.passes.fold)
     ("simplify", simplify_algebra),  # ops that return their operand go (tempo.passes.simplify)
     ("dedup", merge_duplicates),     # duplicate ops merged (tempo.passes.dedup)
+    ("domains", reduce_domains),     # ops computed once per distinct value (tempo.passes.domains)
     ("copies", propagate_copies),    # readers of identity ops read their sources (tempo.passes.copies)
     ("fusion", fusion),
 ]

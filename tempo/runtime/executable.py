@@ -25,6 +25,7 @@ from tempo.passes import PassState, run_pipeline
 from tempo.runtime.backends import make_backend
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
 from tempo.schedule import ast
+from tempo.schedule.memory import MemoryPolicy, point_bytes, swapped_ops
 from tempo.schedule.scheduler import Schedule, analyze_points, build_schedule
 from tempo.symbolic.expr import Slice, Symbol, compile_function
 
@@ -76,11 +77,16 @@ class Executable:
 
     def __init__(self, ctx: Context, graph: SDG, bounds: dict[Symbol, int],
                  outputs: list[RecurrentTensor], schedule: Schedule, backend: Any,
-                 report: CompileReport):
+                 report: CompileReport, memory: MemoryPolicy | None = None):
         self.ctx, self.graph, self.bounds = ctx, graph, bounds
         self.outputs, self.schedule, self.backend = outputs, schedule, backend
         self.report = report
         self.stats = MemoryStats()
+        self.memory = memory or MemoryPolicy()
+        self.swapped = swapped_ops(graph, schedule, self.memory,
+                                   {op.id: point_bytes(op, bounds) for op in graph.ops.values()}) \
+            if backend.name != "numpy" else set()
+        """Ids of the ops whose points wait in host memory (``tempo.schedule.memory``)."""
         self.source = _program_source(ast.substitute(schedule.root, bounds), schedule)
         self._program = _compile_source(self.source)
 
@@ -95,7 +101,8 @@ class Executable:
         whose value the checkpoint supplies."""
         shift = _checked_origin(self.ctx, origin or {})
         self.stats = MemoryStats()
-        stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats)
+        stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats,
+                              self.swapped)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
                                      self.backend, shift)
         self._program(namespace)
@@ -120,11 +127,12 @@ class Executable:
 
 
 def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
-                    backend: str = "jax", passes: Collection[str] | None = None) -> Executable:
+                    backend: str = "jax", passes: Collection[str] | None = None,
+                    memory: MemoryPolicy | None = None) -> Executable:
     """Check, optimize, schedule and prepare ``ctx``'s program for concrete ``bounds``.
 
     ``passes`` names the pipeline passes to run (``tempo.passes.PIPELINE``; all when None,
-    none when empty)."""
+    none when empty); ``memory`` says where stored points wait (default: the device)."""
     report = CompileReport()
     clock = time.perf_counter()
 
@@ -150,7 +158,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     needed = analyze_points(graph, values, ctx.bound_of, roots)
     stage("points")
     kept = {rt.op.id for rt in outputs}
-    state = PassState(needed, values, kept, next_id=max(ctx.graph.ops) + 1)
+    state = PassState(needed, values, ctx.bound_of, kept, next_id=max(ctx.graph.ops) + 1)
     optimized = run_pipeline(graph, state, passes, stage)
     report.notes += state.notes
     try:
@@ -164,7 +172,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
         optimized = graph
         schedule = build_schedule(graph, values, ctx.bound_of, roots, kept, needed)
     stage("schedule")
-    exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report)
+    exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report, memory)
     stage("codegen")
     return exe
 
@@ -241,18 +249,20 @@ def _free(op: Op, stores: dict) -> Callable:
 
 # ---- stores ------------------------------------------------------------------------------
 def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                 backend: Any, stats: MemoryStats) -> dict:
+                 backend: Any, stats: MemoryStats, swapped: set[int]) -> dict:
     consumers = graph.consumers()
     stores = {}
     for op in graph.ops.values():
         for k in range(len(op.outputs)):
             readers = [e for e in consumers[op.id] if e.src_out == k]
-            stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats)
+            stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats,
+                                            op.id in swapped)
     return stores
 
 
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
-               bound_of: dict[Symbol, Symbol], backend: Any, stats: MemoryStats) -> Any:
+               bound_of: dict[Symbol, Symbol], backend: Any, stats: MemoryStats,
+               swapped: bool) -> Any:
     t = op.outputs[k]
     static = all(not (d.symbols() - set(bounds)) for d in t.shape)
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
@@ -265,7 +275,7 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
             raise TempoError(f"cannot read an empty slice of {op.name}, whose shape varies",
                              op.site)
         return backend.zeros((*sizes, *shape), t.dtype)
-    return PointStore(backend, stats, empty)
+    return PointStore(backend, stats, empty, host=swapped)
 
 
 # ---- launchers ---------------------------------------------------------------------------

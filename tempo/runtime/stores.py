@@ -12,30 +12,63 @@ import numpy as np
 
 @dataclass
 class MemoryStats:
-    """Number of stored points alive now and at the peak of a run."""
+    """Stored points alive now and at the peak of a run, and the bytes they hold in the
+    backend's memory (the device, on JAX) and in host memory (blocks, swapped points)."""
 
     live: int = 0
     peak: int = 0
+    device_bytes: int = 0
+    peak_device_bytes: int = 0
+    host_bytes: int = 0
+    peak_host_bytes: int = 0
+
+    def allocate(self, nbytes: int, host: bool) -> None:
+        if host:
+            self.host_bytes += nbytes
+            self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
+        else:
+            self.device_bytes += nbytes
+            self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
+
+    def release(self, nbytes: int, host: bool) -> None:
+        if host:
+            self.host_bytes -= nbytes
+        else:
+            self.device_bytes -= nbytes
 
 
 class PointStore:
-    """One array per point. Fast point reads and writes; slice reads stack points."""
+    """One array per point. Fast point reads and writes; slice reads stack points.
 
-    def __init__(self, backend: Any, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any]):
-        self.backend, self.stats, self.empty = backend, stats, empty
+    With ``host``, values wait in host memory: moved there when written and back to the
+    backend's memory when read (``tempo.schedule.memory``'s swapping)."""
+
+    def __init__(self, backend: Any, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any],
+                 host: bool = False):
+        self.backend, self.stats, self.empty, self.host = backend, stats, empty, host
         self.data: dict[tuple[int, ...], Any] = {}
 
     def write(self, point: tuple[int, ...], value: Any) -> None:
-        if point not in self.data:
-            stats = self.stats
+        if self.host:
+            value = self.backend.to_host(value)
+        old = self.data.get(point)
+        stats = self.stats
+        if old is None:
             stats.live += 1
             if stats.live > stats.peak:
                 stats.peak = stats.live
+        else:
+            stats.release(old.nbytes, self.host)
+        stats.allocate(value.nbytes, self.host)
         self.data[point] = value
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         """The read function for an edge: point reads are a plain dict lookup."""
-        return self.read if slices else self.data.__getitem__
+        read = self.read if slices else self.data.__getitem__
+        if not self.host:
+            return read
+        from_host = self.backend.from_host
+        return lambda index: from_host(read(index))
 
     def read(self, index: tuple) -> Any:
         if not any(isinstance(i, slice) for i in index):
@@ -48,8 +81,10 @@ class PointStore:
         return self.backend.stack(values).reshape(sizes + tuple(values[0].shape))
 
     def free(self, point: tuple[int, ...]) -> None:
-        if self.data.pop(point, None) is not None:
+        value = self.data.pop(point, None)
+        if value is not None:
             self.stats.live -= 1
+            self.stats.release(value.nbytes, self.host)
 
 
 def _empty(index: tuple) -> bool:
@@ -80,6 +115,7 @@ class BlockStore:
         if block is None:
             block = self.blocks[prefix] = np.zeros((self.length, *self.shape), self.dtype)
             self.live[prefix], self.produced[prefix] = set(), set()
+            self.stats.allocate(block.nbytes, host=True)
         block[k] = np.asarray(value)
         self.produced[prefix].add(k)
         if k not in self.live[prefix]:
@@ -113,4 +149,5 @@ class BlockStore:
         live.discard(k)
         self.stats.live -= 1
         if not live and len(self.produced[prefix]) == self.length:
+            self.stats.release(self.blocks[prefix].nbytes, host=True)
             del self.blocks[prefix], self.live[prefix], self.produced[prefix]

@@ -33,7 +33,8 @@ def run_one_pass(ctx, bounds: dict, outputs: list, name: str) -> PassRun:
     graph = ctx.graph.reachable_from(roots)
     values = resolve_bounds(graph, ctx.bound_of, bounds)
     needed = analyze_points(graph, values, ctx.bound_of, roots)
-    state = PassState(needed, values, {rt.op.id for rt in outputs}, next_id=max(ctx.graph.ops) + 1)
+    state = PassState(needed, values, ctx.bound_of, {rt.op.id for rt in outputs},
+                      next_id=max(ctx.graph.ops) + 1)
     after = dict(PIPELINE)[name](graph, state)
     assert all(op.id in after.ops for op in roots)
     for op in after.ops.values():

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_multirun_writes_metrics_checkpoints_and_wandb(tmp_path):
     cmd = [sys.executable, "scripts/train.py", "-m", "seed=0,1", "total_timesteps=1024",
            "algorithm.num_steps=16", "env.num_envs=4", "progress=false", "checkpoint_every=4",
-           "logger.wandb.enabled=true", f"hydra.sweep.dir={tmp_path}"]
+           "logger.wandb.enabled=true", "memory=low", f"hydra.sweep.dir={tmp_path}"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={"WANDB_SILENT": "true", "PATH": "/usr/bin:/bin",
                                "HOME": str(tmp_path)})

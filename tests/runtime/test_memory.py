@@ -133,3 +133,72 @@ def test_backward_window_runs_in_bounded_memory():
         np.testing.assert_allclose(float(res[last]), want, rtol=1e-6)
         peaks[n] = exe.stats.peak
     assert peaks[200] == peaks[50], peaks
+
+
+# ---- where points wait: swapping to host memory (tempo.MemoryPolicy) ------------------------
+WIDE = np.random.default_rng(2).normal(size=(8, 256)).astype(np.float32)  # 1 KiB per point
+
+
+def last_point_program():
+    """A recurrence ``x[t]`` computed forwards, each point scaled by the last one: every
+    point of x waits in memory until the recurrence has reached ``x[T - 1]``."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.placeholder(shape=(256,), dtype="float32", domain=(t,))
+        x[0] = tp.const(WIDE[0])
+        x[t + 1] = (x * 0.5 + tp.const(WIDE)[t + 1]).tanh()
+        out = (x * x[T - 1]).sum()
+    return ctx, {T: 8}, out
+
+
+def numpy_last_point() -> np.ndarray:
+    xs = [WIDE[0]]
+    for k in range(1, 8):
+        xs.append(np.tanh(xs[-1] * 0.5 + WIDE[k]))
+    return (np.stack(xs) * xs[-1]).sum(axis=1)
+
+
+def test_points_that_outlive_their_loop_wait_in_host_memory():
+    ctx, bounds, out = last_point_program()
+    low = ctx.compile(bounds, [out], backend="jax", memory=tp.MemoryPolicy(swap=True, swap_min_bytes=0))
+    default = ctx.compile(bounds, [out], backend="jax")
+    for exe in (low, default):
+        np.testing.assert_allclose(exe.run()[out], numpy_last_point(), rtol=1e-5, atol=1e-4)
+    assert len(low.swapped) == 1 and not default.swapped
+    # all 8 points of x (1 KiB each) wait at once: on the host with swapping, else on the device
+    assert low.stats.peak_host_bytes == 8 * 1024
+    assert default.stats.peak_device_bytes >= 8 * 1024
+    # what stays on the device: the constant, one temporary, the outputs
+    assert default.stats.peak_device_bytes - low.stats.peak_device_bytes >= 7 * 1024
+    assert low.stats.device_bytes == default.stats.device_bytes  # the kept outputs only
+
+
+def test_only_tensors_above_the_threshold_are_swapped():
+    ctx, bounds, out = last_point_program()
+    exe = ctx.compile(bounds, [out], backend="jax", memory=tp.MemoryPolicy(swap=True, swap_min_bytes=1025))
+    assert not exe.swapped
+
+
+def test_points_used_inside_their_loop_stay_on_the_device():
+    """A recurrence reads ``y[t - 1]`` in the loop that produced it: nothing to swap."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        y = tp.placeholder(shape=(256,), dtype="float32", domain=(t,))
+        y[0] = tp.const(WIDE[0])
+        y[t + 1] = (y * 0.5).tanh()
+        last = y[T - 1]
+    exe = ctx.compile({T: 8}, [last], backend="jax", memory=tp.MemoryPolicy(swap=True, swap_min_bytes=0))
+    assert not exe.swapped
+
+
+def test_swapping_changes_nothing_on_the_numpy_backend():
+    ctx, bounds, out = last_point_program()
+    exe = ctx.compile(bounds, [out], backend="numpy", memory=tp.MemoryPolicy(swap=True, swap_min_bytes=0))
+    assert not exe.swapped
+
+
+def test_a_negative_threshold_is_rejected():
+    with pytest.raises(ValueError, match="swap_min_bytes"):
+        tp.MemoryPolicy(swap=True, swap_min_bytes=-1)
