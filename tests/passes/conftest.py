@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from tempo.ir.graph import SDG, program_roots
 from tempo.ir.validate import resolve_bounds
 from tempo.passes import PIPELINE, PassState
+from tempo.reference import evaluate
 from tempo.schedule.scheduler import analyze_points
 
 
@@ -47,3 +49,20 @@ def run_one_pass(ctx, bounds: dict, outputs: list, name: str) -> PassRun:
 @pytest.fixture
 def run_pass():
     return run_one_pass
+
+
+def compile_against_reference(ctx, bounds: dict, outputs: list, passes, backend: str = "numpy"):
+    """Compile with ``passes`` and with none: both runs equal the reference evaluator.
+    Returns the optimized executable."""
+    exe = ctx.compile(bounds, outputs, backend=backend, passes=passes)
+    plain = ctx.compile(bounds, outputs, backend=backend, passes=())
+    ref = evaluate(ctx, bounds, outputs)
+    for run in (exe.run(), plain.run()):
+        for rt in outputs:
+            np.testing.assert_allclose(run[rt], ref[rt.key], rtol=1e-5, atol=1e-6)
+    return exe
+
+
+@pytest.fixture
+def check():
+    return compile_against_reference
