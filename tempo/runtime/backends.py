@@ -35,6 +35,9 @@ class NumpyBackend:
     def stack(self, values: list[Any]) -> Any:
         return np.stack(values)
 
+    def synchronize(self, value: Any) -> None:
+        """NumPy computes eagerly: nothing to wait for."""
+
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return np.zeros(shape, dtype)
 
@@ -94,6 +97,10 @@ class JaxBackend:
 
     def stack(self, values: list[Any]) -> Any:
         return self.jnp.stack(values)
+
+    def synchronize(self, value: Any) -> None:
+        """Wait until ``value`` has been computed (dispatch is asynchronous)."""
+        self.jax.block_until_ready(value)
 
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return self.jnp.zeros(shape, dtype)

@@ -23,6 +23,7 @@ from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
 from tempo.passes import PassState, run_pipeline
 from tempo.runtime.backends import make_backend
+from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
 from tempo.schedule import ast
 from tempo.schedule.memory import MemoryPolicy, point_bytes, swapped_ops
@@ -90,8 +91,10 @@ class Executable:
         self.source = _program_source(ast.substitute(schedule.root, bounds), schedule)
         self._program = _compile_source(self.source)
 
-    def run(self, origin: dict[Symbol, int] | None = None) -> Results:
-        """Execute every statement of the schedule; return the outputs' values.
+    def run(self, origin: dict[Symbol, int] | None = None,
+            profile: RunProfile | None = None) -> Results:
+        """Execute every statement of the schedule; return the outputs' values. With
+        ``profile``, every statement is timed into it (``tempo.runtime.profile``).
 
         ``origin`` (``{i: k}``) runs the program as the continuation of a longer run from
         point ``k`` of dim ``i`` (a run resumed from a checkpoint): host ops (random draws,
@@ -105,6 +108,8 @@ class Executable:
                               self.swapped)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
                                      self.backend, shift)
+        if profile is not None:
+            namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
         self._program(namespace)
         return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
 

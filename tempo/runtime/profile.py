@@ -1,0 +1,70 @@
+"""Where a run's time goes: every statement timed, per op, with the device's work included.
+
+``exe.run(profile=RunProfile())`` wraps each statement of the loop program with a clock;
+after an op runs, its outputs at that point are waited for (JAX dispatches asynchronously,
+so without waiting a kernel's time would show up in whichever later statement first
+touches its result). The waiting serializes host and device work, so a profiled run is
+slower than a plain one; the split between ops is what it is for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tempo.schedule.scheduler import Statement
+
+
+@dataclass
+class OpTime:
+    seconds: float = 0.0
+    calls: int = 0
+
+
+@dataclass
+class RunProfile:
+    """Seconds and calls per statement kind and op (``("exec" | "free", op name)``)."""
+
+    ops: dict[tuple[str, str], OpTime] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(t.seconds for t in self.ops.values())
+
+    def instrument(self, table: dict[str, Callable], statements: dict[str, Statement],
+                   stores: dict, backend: Any) -> dict[str, Callable]:
+        """``table``'s launchers, each timed into this profile."""
+        return {name: self._timed(launch, statements[name], stores, backend)
+                for name, launch in table.items()}
+
+    def _timed(self, launch: Callable, stmt: Statement, stores: dict, backend: Any) -> Callable:
+        entry = self.ops.setdefault((stmt.kind, stmt.op.name), OpTime())
+        outputs = [stores[(stmt.op.id, k)] for k in range(len(stmt.op.outputs))] \
+            if stmt.kind == "exec" else []
+        clock, synchronize = time.perf_counter, backend.synchronize
+
+        def timed(point: tuple[int, ...]) -> None:
+            start = clock()
+            launch(point)
+            for store in outputs:
+                value = getattr(store, "data", {}).get(point)
+                if value is not None:
+                    synchronize(value)
+            entry.seconds += clock() - start
+            entry.calls += 1
+        return timed
+
+    def table(self, top: int | None = None) -> str:
+        """The ops by time spent, most first: total and mean milliseconds, share, calls."""
+        total = self.total or 1.0
+        rows = sorted(self.ops.items(), key=lambda kv: -kv[1].seconds)[:top]
+        lines = [f"{'ms':>10} {'share':>6} {'calls':>8} {'ms/call':>9}  op"]
+        for (kind, name), t in rows:
+            if t.calls:
+                lines.append(f"{t.seconds * 1e3:10.1f} {t.seconds / total:6.1%} {t.calls:8d} "
+                             f"{t.seconds * 1e3 / t.calls:9.3f}  {'free ' if kind == 'free' else ''}{name}")
+        return "\n".join([*lines, f"{total * 1e3:10.1f} total"])
+
+    __str__ = table
