@@ -1,6 +1,8 @@
-"""Greedy evaluation of a training checkpoint: the policy's most likely action, one episode
-in each of ``episodes`` envs, as a small RT program over ``t`` (the policy's parameters are
-constants loaded from the checkpoint; the env steps in a UDF)."""
+"""Greedy evaluation of a training checkpoint: the policy's most likely action (the argmax
+of a categorical policy's logits, a Gaussian policy's mean clipped to the action bounds;
+observations normalized with the checkpoint's statistics if the run normalized them), one
+episode in each of ``episodes`` envs, as a small RT program over ``t`` (the policy's
+parameters are constants loaded from the checkpoint; the env steps in a UDF)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import gymnasium as gym
 import numpy as np
 
 import tempo as tp
-from tempo.api import checkpoint, nn
+from tempo.api import checkpoint
 from tempo_rl.algorithms import algorithm
+from tempo_rl.algorithms.common import CategoricalPolicy, GaussianPolicy
+from tempo_rl.envs.normalize import CLIP, EPSILON, STATE_PREFIX
 from tempo_rl.train import CONFIG_KEY, algorithm_config
 
 
@@ -47,7 +51,12 @@ class _FirstEpisodes:
         return obs.astype(np.float32)
 
     def step(self, action: np.ndarray) -> np.ndarray:
-        obs, reward, terminated, truncated, _ = self.envs.step(action.astype(np.int64))
+        space = self.envs.single_action_space
+        if isinstance(space, gym.spaces.Box):
+            action = np.clip(action, space.low, space.high).astype(space.dtype)
+        else:
+            action = action.astype(np.int64)
+        obs, reward, terminated, truncated, _ = self.envs.step(action)
         was_running = self.running.copy()
         self.returns += reward * was_running
         self.lengths += was_running
@@ -74,8 +83,9 @@ def evaluate(path: str | Path, episodes: int = 10, seed: int | None = None,
         raise ValueError(f"evaluation supports gymnasium envs, not {env_cfg.get('kind')!r}")
     seed = int(cfg["seed"]) + 10_000 if seed is None else seed  # episodes training did not see
     env = _FirstEpisodes(env_cfg["id"], episodes, seed, record=video is not None)
-    if not isinstance(env.envs.single_action_space, gym.spaces.Discrete):
-        raise ValueError("evaluation supports discrete actions (the builders' policies)")
+    if not isinstance(env.envs.single_action_space, gym.spaces.Discrete | gym.spaces.Box):
+        raise ValueError(f"evaluation supports discrete and box actions, not "
+                         f"{env.envs.single_action_space}")
     steps = max_steps or (env.envs.spec.max_episode_steps if env.envs.spec else None)
     if not steps:
         raise ValueError(f"{env_cfg['id']} has no episode step limit; pass max_steps")
@@ -93,21 +103,35 @@ def _policy_config(cfg: dict[str, Any]) -> Any:
 
 def _run_greedy(env: _FirstEpisodes, algo: Any, saved: dict[str, np.ndarray], steps: int) -> None:
     n = env.envs.num_envs
-    obs_dim = int(np.prod(env.envs.single_observation_space.shape))
+    obs_shape = tuple(env.envs.single_observation_space.shape)
+    space = env.envs.single_action_space
+    discrete = isinstance(space, gym.spaces.Discrete)
     ctx = tp.Context(dims=("t",))
     (t,), (T,) = ctx.dims, ctx.bounds
     with ctx:
-        policy = nn.MLP(obs_dim, algo.hidden, int(env.envs.single_action_space.n),
-                        activation=algo.activation)
-        names = [name for name, _ in policy.named_parameters()]
+        policy = CategoricalPolicy(obs_shape, int(space.n), algo.hidden, algo.activation, ()) \
+            if discrete else GaussianPolicy(obs_shape, int(np.prod(space.shape)), algo.hidden,
+                                            algo.activation, ())
+        names = [name for name, _ in policy.named_parameters()]  # the optimizer's first params
         policy.load_state({name: saved[f"param{k}"] for k, name in enumerate(names)})
-        obs = tp.placeholder(shape=(n, obs_dim), dtype="float32", domain=(t,))
-        (first,) = tp.udf(env.reset, [], [((n, obs_dim), "float32")], name="env_reset")
-        action = policy(obs).argmax(-1)
-        (nxt,) = tp.udf(env.step, [action], [((n, obs_dim), "float32")], name="env_step")
+        obs = tp.placeholder(shape=(n, *obs_shape), dtype="float32", domain=(t,))
+        (first,) = tp.udf(env.reset, [], [((n, *obs_shape), "float32")], name="env_reset")
+        seen = _normalized(obs, saved)
+        action = policy(seen).argmax(-1) if discrete else policy(seen)
+        (nxt,) = tp.udf(env.step, [action], [((n, *obs_shape), "float32")], name="env_step")
         obs[0] = first
         obs[t + 1] = nxt
     ctx.compile({T: steps}, backend="numpy").run()
+
+
+def _normalized(obs: tp.RecurrentTensor, saved: dict[str, np.ndarray]) -> tp.RecurrentTensor:
+    """``obs`` as the policy saw it in training: normalized with the checkpoint's running
+    statistics when the run normalized observations."""
+    if STATE_PREFIX + "mean" not in saved:
+        return obs
+    mean = saved[STATE_PREFIX + "mean"].astype(np.float32)
+    scale = np.sqrt(saved[STATE_PREFIX + "var"] + EPSILON).astype(np.float32)
+    return ((obs - tp.const(mean)) / tp.const(scale)).clip(-CLIP, CLIP)
 
 
 def _write_gif(frames: list[np.ndarray], path: Path) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import tempo as tp
 from tempo.api import checkpoint
 from tempo_rl.algorithms import TrainProgram, algorithm
-from tempo_rl.envs import BraxEnv, Env, GymnasiumEnv, GymnaxEnv, SyntheticEnv
+from tempo_rl.envs import BraxEnv, Env, GymnasiumEnv, GymnaxEnv, NormalizedObservations, SyntheticEnv
 from tempo_rl.metrics import MetricLogger
 
 
@@ -34,7 +34,13 @@ class TrainResult:
 
 
 def make_env(cfg: dict[str, Any], seed: int) -> Env:
-    """The env of the config's ``env`` group (``kind``: gymnasium, gymnax, brax or synthetic)."""
+    """The env of the config's ``env`` group (``kind``: gymnasium, gymnax, brax or synthetic),
+    with normalized observations if ``normalize_obs``."""
+    env = _base_env(cfg, seed)
+    return NormalizedObservations(env) if cfg.get("normalize_obs") else env  # type: ignore[return-value]
+
+
+def _base_env(cfg: dict[str, Any], seed: int) -> Env:
     kind = cfg.get("kind", "gymnasium")
     num_envs = int(cfg.get("num_envs", 8))
     if kind == "gymnasium":
@@ -83,6 +89,8 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     algo = cfg["algorithm"]
     cls, build = algorithm(algo["name"])
     program = build(env, algorithm_config(cls, algo, cfg.get("network", {})), seed=seed)
+    if isinstance(env, NormalizedObservations):
+        program.state.update(env.state)
     num_steps = int(algo["num_steps"])
     per_iteration = num_steps * env.num_envs
     total = int(cfg["total_timesteps"]) // per_iteration
@@ -120,11 +128,14 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     compiled = time.perf_counter()
     if cfg.get("compile_report"):
         print(exe.report)
+    profile = tp.RunProfile() if cfg.get("profile") else None
     try:
         logger.start()
-        exe.run(origin={i: first})
+        exe.run(origin={i: first}, profile=profile)
     finally:
         logger.close()
+    if profile is not None:
+        print(profile.table(top=25))
     return TrainResult(list(env.episode_returns), logger.history, compiled - start,
                        time.perf_counter() - compiled, target if target.exists() else None)
 
@@ -156,5 +167,7 @@ def _resume(program: TrainProgram, env: Env, path: str) -> int:
     if ENV_KEY not in saved:
         raise ValueError(f"{path} holds no env state; it was not written by tempo_rl.train")
     program.optimizer.load_state(saved)
+    if isinstance(env, NormalizedObservations):
+        env.load_state(saved)
     env.restore(saved[ENV_KEY].tobytes())
     return int(saved[checkpoint.POINT_KEY][0]) + 1

@@ -135,7 +135,7 @@ class Optimizer:
         for name, const in initial.items():
             if name not in values:
                 raise TempoError(f"checkpoint has no value for {name}")
-            _replace_value(const, values[name], name)
+            replace_constant(const, values[name], name)
 
 
 class SGD(Optimizer):
@@ -223,7 +223,8 @@ def _initial_constant(p: RecurrentTensor) -> RecurrentTensor:
     raise TempoError(f"{p!r} has no constant initial value to load into", user_site())
 
 
-def _replace_value(const: RecurrentTensor, array: np.ndarray, name: str) -> None:
+def replace_constant(const: RecurrentTensor, array: np.ndarray, name: str) -> None:
+    """Give constant ``const`` (an initial value) the value ``array`` of the same shape."""
     current = const.op.params["value"]
     array = np.asarray(array)
     if array.shape != current.shape:

@@ -6,7 +6,8 @@ from tempo_rl.envs.brax_env import BraxEnv
 from tempo_rl.envs.gymnasium_env import GymnasiumEnv
 from tempo_rl.envs.gymnax_env import GymnaxEnv
 from tempo_rl.envs.jax_env import JaxEnv
+from tempo_rl.envs.normalize import NormalizedObservations
 from tempo_rl.envs.synthetic import SyntheticEnv
 
-__all__ = ["BraxEnv", "Env", "EnvBase", "EpisodeStats", "GymnasiumEnv", "GymnaxEnv", "JaxEnv", "Policy",
-           "Rollout", "Snapshots", "SyntheticEnv"]
+__all__ = ["BraxEnv", "Env", "EnvBase", "EpisodeStats", "GymnasiumEnv", "GymnaxEnv", "JaxEnv",
+           "NormalizedObservations", "Policy", "Rollout", "Snapshots", "SyntheticEnv"]

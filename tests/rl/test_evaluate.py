@@ -57,3 +57,37 @@ def test_cli_prints_the_mean_return(saved):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "mean return" in done.stdout and "over 2 episodes" in done.stdout
+
+
+def _numpy_mean_action_return(arrays: dict[str, np.ndarray], seed: int) -> float:
+    """Pendulum with the Gaussian policy's mean action (param0 is its log std; then the
+    mean MLP's weights and biases), clipped to the action bounds; observations normalized
+    with the checkpoint's statistics when it has them."""
+    layers = [(arrays[f"param{2 * k + 1}"], arrays[f"param{2 * k + 2}"]) for k in range(3)]
+    env = gym.make("Pendulum-v1")
+    obs, _ = env.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        h = obs.astype(np.float32)
+        if "obs_norm.mean" in arrays:
+            scale = np.sqrt(arrays["obs_norm.var"] + 1e-8).astype(np.float32)
+            h = np.clip((h - arrays["obs_norm.mean"]) / scale, -10, 10)
+        for k, (w, b) in enumerate(layers):
+            h = h @ w + b
+            h = np.tanh(h) if k < 2 else h
+        obs, reward, terminated, truncated, _ = env.step(np.clip(h, -2.0, 2.0))
+        total += float(reward)
+        done = terminated or truncated
+    return total
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_continuous_actions_evaluate_with_the_mean_action(tmp_path, normalize):
+    cfg = config("env=pendulum", "algorithm.num_steps=16", "env.num_envs=2", "total_timesteps=64",
+                 f"env.normalize_obs={str(normalize).lower()}")
+    saved = train(cfg, tmp_path, progress=False).checkpoint
+    result = evaluate(saved, episodes=2, seed=3)
+    arrays = checkpoint.load(saved)
+    assert result.lengths == [200, 200]
+    expected = [_numpy_mean_action_return(arrays, 3 + k) for k in range(2)]
+    assert result.returns == pytest.approx(expected, rel=1e-5)
