@@ -501,5 +501,6 @@ VJPS: dict[str, VJP] = {
     "gather": _gather,
     "identity": lambda g, x, out, **_: [g],
     **{k: _no_grad for k in ("floor", "floordiv", "eq", "ne", "lt", "le", "gt", "ge", "and",
-                             "or", "not", "argmax", "argsort", "const", "eval_symbol", "rng", "arange")},
+                             "or", "not", "argmax", "argsort", "const", "eval_symbol", "coords", "rng",
+                             "arange")},
 }

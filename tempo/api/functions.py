@@ -116,8 +116,10 @@ def _random(dist: str, shape: Sequence[int], dtype: str, domain: Sequence[Symbol
         if not as_expr(d).is_const:
             raise ShapeError("random tensors need a static shape", user_site())
     params = {"dist": dist, "shape": tuple(int(as_expr(d).value) for d in shape),
-              "dtype": dtype, "seed": ctx.seed, "key": len(ctx.graph.ops), "domain": dims, **params}
-    return RecurrentTensor(ctx, ctx.add_op("rng", [], params, domain=dims, label=dist))
+              "dtype": dtype, "seed": ctx.seed, "key": len(ctx.graph.ops), **params}
+    point = [RecurrentTensor(ctx, ctx.add_op("coords", [], {"dims": dims}, domain=dims, label="point"))] \
+        if dims else []
+    return RecurrentTensor(ctx, ctx.add_op("rng", point, params, domain=dims, label=dist))
 
 
 def uniform(shape: Sequence[int] = (), low: float = 0.0, high: float = 1.0,
@@ -138,6 +140,8 @@ def randint(low: int, high: int, shape: Sequence[int] = (),
     """Integers in ``[low, high)``, fresh at every point of ``domain``."""
     if high <= low:
         raise ShapeError(f"randint needs low < high, got [{low}, {high})", user_site())
+    if high - low > 2 ** 31:
+        raise ShapeError(f"randint draws from at most 2**31 values, got [{low}, {high})", user_site())
     return _random("randint", shape, dtype_name(dtype), domain, low=low, high=high)
 
 

@@ -3,7 +3,8 @@
 Each definition carries its shape rule (``infer``: input types and params → output types)
 and its kernel, written once against an array module ``xp`` (``numpy`` or ``jax.numpy``)
 so that the reference evaluator and every backend share one meaning. Host ops (symbol
-values, RNG, UDFs) run on the host with the point they execute at.
+values, point coordinates, UDFs) run on the host with the point they execute at; random
+draws are device ops of the point's coordinates (``tempo.ir.random``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tempo.errors import ShapeError
+from tempo.ir import random
 from tempo.ir.types import Shape, TensorType, same_dim
 from tempo.symbolic.expr import Expr, as_expr, const
 
@@ -439,24 +441,25 @@ def _eval_symbol(p: dict, point: dict, *inputs: Any) -> np.ndarray:
 register("eval_symbol", lambda expr, dtype: (TensorType((), dtype),), _eval_symbol, host=True)
 
 
-def _rng(p: dict, point: dict, *inputs: Any) -> np.ndarray:
-    coords = [point[d] for d in p["domain"]]
-    gen = np.random.default_rng([p["seed"], p["key"], *coords])
-    shape = tuple(int(d) for d in p["shape"])
-    if p["dist"] == "uniform":
-        return gen.uniform(p["low"], p["high"], size=shape).astype(p["dtype"])
-    if p["dist"] == "normal":
-        return (gen.standard_normal(size=shape) * p["scale"] + p["loc"]).astype(p["dtype"])
-    if p["dist"] == "randint":
-        return gen.integers(p["low"], p["high"], size=shape).astype(p["dtype"])
-    raise ValueError(f"unknown distribution {p['dist']!r}")
+def _coords(p: dict, point: dict, *inputs: Any) -> np.ndarray:
+    return np.asarray([point[d] for d in p["dims"]], dtype=np.uint32)
 
 
-def _infer_rng(**p: Any) -> tuple[TensorType]:
+# The point's coordinates (as the run sees them, see ``Executable.run``'s origin), which
+# random ops encrypt into their draws.
+register("coords", lambda dims: (TensorType((as_expr(len(dims)),), "uint32"),), _coords, host=True)
+
+
+def _infer_rng(*coords: TensorType, **p: Any) -> tuple[TensorType]:
     return (TensorType(p["shape"], p["dtype"]),)
 
 
-register("rng", _infer_rng, _rng, host=True)
+def _rng(xp: Any, p: dict, *coords: Any) -> Any:
+    return random.sample(xp, p, coords[0] if coords else None)
+
+
+# A draw keyed by (seed, key) and the point's coordinates (its input, when it has a domain).
+register("rng", _infer_rng, _rng)
 
 
 def _udf(p: dict, point: dict, *inputs: Any) -> Any:

@@ -7,8 +7,8 @@ goes. Merging two ops can make their readers duplicates too, so the search repea
 nothing changes. Autodiff is the main source: every gradient rule builds its own constants,
 reads, transposes and broadcasts.
 
-Not merged: host ops other than symbol values (random draws, UDFs and sinks act on or
-observe the world at each call), traceable UDFs (their functions are compared by identity
+Not merged: host ops other than symbol values and point coordinates (UDFs and sinks act
+on or observe the world at each call), traceable UDFs (their functions are compared by identity
 only, so kept apart), and two ops that are both outputs of the program (each has its own
 store). Placeholders merge only when their branches are the very same reads, in the same
 order; recurrences through two distinct placeholders are not recognised as equal.
@@ -29,7 +29,10 @@ from tempo.symbolic.expr import TRUE, Expr, Slice
 if TYPE_CHECKING:
     from tempo.passes import PassState
 
-_IMPURE = frozenset({"rng", "udf", "traced_udf"})
+_IMPURE = frozenset({"udf", "traced_udf"})
+"""Ops whose value is not a function of their inputs and params. (Random draws are:
+``tempo.ir.random``; two draws differ by their key.)"""
+_PURE_HOST = frozenset({"eval_symbol", "coords"})
 
 
 def merge_duplicates(graph: SDG, state: PassState) -> SDG:
@@ -84,7 +87,7 @@ def _duplicates(graph: SDG, keep: set[int]) -> dict[int, int]:
 def _mergeable(op: Op) -> bool:
     if op.kind in _IMPURE or op.when is not TRUE:
         return False
-    return not op.definition.host or op.kind == "eval_symbol"
+    return not op.definition.host or op.kind in _PURE_HOST
 
 
 def _static_key(op: Op) -> tuple:

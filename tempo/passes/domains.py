@@ -1,8 +1,9 @@
 """Domain reduction: an op computes each distinct value once, over the smallest domain
 its inputs allow.
 
-Two cases, both for pure device ops (no random draws, UDFs, merges or host ops) whose
-params and shape do not vary with the point:
+Two cases, both for pure device ops (no UDFs, merges or host ops; a random draw reads its
+own point's coordinates, so it never moves) whose params and shape do not vary with the
+point:
 
 - *loop-invariant*: the op's reads do not use some of its dims (``tanh(w[i])`` over
   ``(i, t)``); it moves to the dims they use, and runs once per ``i`` instead of once per

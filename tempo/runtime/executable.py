@@ -97,9 +97,10 @@ class Executable:
         ``profile``, every statement is timed into it (``tempo.runtime.profile``).
 
         ``origin`` (``{i: k}``) runs the program as the continuation of a longer run from
-        point ``k`` of dim ``i`` (a run resumed from a checkpoint): host ops (random draws,
-        ``symbol_value``, UDFs and sinks) see every coordinate of ``i`` shifted by ``k``
-        and its bound by ``k`` too, so they observe what the longer run observed there.
+        point ``k`` of dim ``i`` (a run resumed from a checkpoint): host ops (the coordinates
+        random draws are keyed by, ``symbol_value``, UDFs and sinks) see every coordinate
+        of ``i`` shifted by ``k`` and its bound by ``k`` too, so they observe what the
+        longer run observed there.
         Branch conditions are not shifted: the first point still takes the initial branch,
         whose value the checkpoint supplies."""
         shift = _checked_origin(self.ctx, origin or {})

@@ -64,7 +64,7 @@ def test_conditions_and_branches_are_part_of_the_value(run_pass, check):
     check(ctx, {T: 6}, [out], ("dedup",))
 
 
-def test_random_draws_and_udfs_never_merge(run_pass, check):
+def test_draws_with_their_own_keys_and_udfs_never_merge(run_pass, check):
     ctx = tp.Context(dims=("t",), seed=4)
     (t,), (T,) = ctx.dims, ctx.bounds
     calls = []
@@ -74,17 +74,17 @@ def test_random_draws_and_udfs_never_merge(run_pass, check):
         return x
 
     with ctx:
-        # Two draws with the very same params (key included) are left apart all the same.
-        params = {"dist": "uniform", "shape": (2,), "dtype": "float32", "seed": 4, "key": 0,
-                  "domain": (t,), "low": 0.0, "high": 1.0}
-        u1 = tp.RecurrentTensor(ctx, ctx.add_op("rng", [], params, domain=(t,)))
-        u2 = tp.RecurrentTensor(ctx, ctx.add_op("rng", [], params, domain=(t,)))
+        # Two draws: each has its own key, so they differ; the point coordinates they are
+        # keyed by are one value, shared.
+        u1 = tp.uniform((2,), domain=(t,))
+        u2 = tp.uniform((2,), domain=(t,))
         x = tp.const(XS)[t].sum()
         (y1,) = tp.udf(record, [x], [((), "float32")])
         (y2,) = tp.udf(record, [x], [((), "float32")])
         out = u1.sum() - u2.sum() + y1 + y2
     run = run_pass(ctx, {T: 6}, [out], "dedup")
     assert run.count("rng") == 2 and run.count("udf") == 2
+    assert run.count("coords", "before") == 2 and run.count("coords") == 1
     exe = check(ctx, {T: 6}, [out], ("dedup",))
     calls.clear()
     exe.run()

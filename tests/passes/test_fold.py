@@ -33,19 +33,31 @@ def test_constant_expressions_fold_whole(run_pass, backend, check):
     check(ctx, {T: 6}, [out], ("fold",), backend)
 
 
-def test_large_results_ops_over_points_and_random_draws_are_not_folded(run_pass, check):
+def test_large_results_ops_over_points_and_draws_over_points_are_not_folded(run_pass, check):
     ctx = tp.Context(dims=("t",))
     (t,), (T,) = ctx.dims, ctx.bounds
     n = int(np.sqrt(MAX_ELEMENTS)) + 1
     with ctx:
         outer = tp.const(np.ones((n, 1), np.float32)) * tp.const(np.ones(n, np.float32))
         step = tp.symbol_value(t).astype("float32") * 2.0     # varies with t
-        noise = tp.uniform((4,), domain=()) * 2.0              # a draw: a host op's value
+        noise = tp.uniform((4,), domain=(t,)) * 2.0            # a draw at each point
         out = outer.sum() + step + noise.sum()
     run = run_pass(ctx, {T: 4}, [out], "fold")
     assert len(run.after) == len(run.before)
     assert run.state.notes == ["fold: 0 ops folded"]
     check(ctx, {T: 4}, [out], ("fold",))
+
+
+def test_a_draw_without_a_domain_is_a_constant_and_folds(run_pass, check):
+    """A draw is a function of (seed, key, point); with no dims it is one fixed value."""
+    ctx = tp.Context(dims=("t",), seed=9)
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        noise = tp.normal((4,), domain=()) * 2.0
+        out = tp.symbol_value(t).astype("float32") + noise.sum()
+    run = run_pass(ctx, {T: 3}, [out], "fold")
+    assert run.count("rng") == 0 and run.count("rng", "before") == 1
+    check(ctx, {T: 3}, [out], ("fold",))
 
 
 def test_outputs_stay_and_their_inputs_fold(run_pass, check):

@@ -1,0 +1,80 @@
+"""Counter-based random numbers: a draw is a pure function of (seed, op key, point).
+
+Threefry-2x32 with 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+3", SC 2011; the generator under ``jax.random``) written against an array module, so
+NumPy and XLA compute the same bits. A random op is then an ordinary kernel: it runs on
+the device, fuses with its neighbours, and needs no generator state, so a resumed run or
+any schedule draws exactly what the uninterrupted one did.
+
+Keying: the key is ``(seed, op key)``; each coordinate of the point is folded in by one
+Threefry call (as ``jax.random.fold_in``); element ``n`` of the draw is the encryption of
+the counter ``(n, 0)``, which gives two 32-bit words per element.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+
+ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+PARITY = 0x1BD11BDA
+_TO_UNIT = 2.0 ** -24
+
+
+def threefry2x32(xp: Any, key: tuple[Any, Any], counter: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Encrypt ``counter`` (two uint32 arrays) under ``key`` (two uint32 values)."""
+    u32 = xp.uint32
+    k0, k1 = key
+    schedule = (k0, k1, k0 ^ k1 ^ u32(PARITY))
+    x0, x1 = counter[0] + k0, counter[1] + k1
+    for group in range(5):
+        for r in ROTATIONS[group % 2]:
+            x0 = x0 + x1
+            x1 = (x1 << u32(r)) | (x1 >> u32(32 - r))
+            x1 = x1 ^ x0
+        x0 = x0 + schedule[(group + 1) % 3]
+        x1 = x1 + schedule[(group + 2) % 3] + u32(group + 1)
+    return x0, x1
+
+
+def random_bits(xp: Any, seed: int, key: int, coords: Any, size: int) -> tuple[Any, Any]:
+    """Two uint32 words for each of ``size`` elements of the draw at point ``coords``."""
+    u32 = xp.uint32
+    with _wrapping(xp):
+        k = (u32(seed & 0xFFFFFFFF), u32(key & 0xFFFFFFFF))
+        for n in range(coords.shape[0] if coords is not None else 0):
+            k = threefry2x32(xp, k, (coords[n], u32(n)))
+        counter = xp.arange(size, dtype=xp.uint32)
+        return threefry2x32(xp, k, (counter, xp.zeros_like(counter)))
+
+
+def unit_interval(xp: Any, bits: Any) -> Any:
+    """Floats in ``[0, 1)`` from the top 24 bits (exact in float32)."""
+    return (bits >> xp.uint32(8)).astype(xp.float32) * xp.float32(_TO_UNIT)
+
+
+def sample(xp: Any, p: dict, coords: Any = None) -> Any:
+    """The draw of distribution ``p["dist"]`` (uniform, normal, randint) at ``coords``."""
+    shape = tuple(int(d) for d in p["shape"])
+    size = int(np.prod(shape, dtype=np.int64))
+    a, b = random_bits(xp, p["seed"], p["key"], coords, size)
+    if p["dist"] == "uniform":
+        u = unit_interval(xp, a)
+        out = p["low"] + (p["high"] - p["low"]) * u
+    elif p["dist"] == "normal":  # Box-Muller, the cosine half
+        radius = xp.sqrt(-2.0 * xp.log(xp.float32(1.0) - unit_interval(xp, a)))
+        out = radius * xp.cos(xp.float32(2.0 * np.pi) * unit_interval(xp, b)) * p["scale"] + p["loc"]
+    elif p["dist"] == "randint":
+        span = p["high"] - p["low"]
+        with _wrapping(xp):
+            out = (a % xp.uint32(span)).astype(p["dtype"]) + xp.asarray(p["low"], p["dtype"])
+    else:
+        raise ValueError(f"unknown distribution {p['dist']!r}")
+    return out.reshape(shape).astype(p["dtype"])
+
+
+def _wrapping(xp: Any) -> contextlib.AbstractContextManager:
+    """uint32 arithmetic wraps around by design; NumPy would warn on scalars."""
+    return np.errstate(over="ignore") if xp is np else contextlib.nullcontext()
