@@ -52,7 +52,8 @@ class _FirstEpisodes:
 
     def step(self, action: np.ndarray) -> np.ndarray:
         space = self.envs.single_action_space
-        if isinstance(space, gym.spaces.Box):
+        if isinstance(space, gym.spaces.Box):  # the policy's actions are flat
+            action = action.reshape(len(action), *space.shape)
             action = np.clip(action, space.low, space.high).astype(space.dtype)
         else:
             action = action.astype(np.int64)

@@ -16,6 +16,7 @@ import tempo as tp
 from tempo.api import checkpoint
 from tempo_rl.algorithms import TrainProgram, algorithm
 from tempo_rl.envs import BraxEnv, Env, GymnasiumEnv, GymnaxEnv, NormalizedObservations, SyntheticEnv
+from tempo_rl.envs.normalize import STATE_PREFIX
 from tempo_rl.metrics import MetricLogger
 
 
@@ -73,6 +74,8 @@ def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) ->
 
 ENV_KEY = "__env__"
 """Checkpoint entry holding the env's pickled state (bytes as uint8)."""
+NORMALIZATION_KEY = STATE_PREFIX + "mean"
+"""Present in checkpoints of runs with normalized observations."""
 CONFIG_KEY = "__config__"
 """Checkpoint entry holding the run's config as JSON (bytes as uint8), for evaluation."""
 
@@ -169,5 +172,8 @@ def _resume(program: TrainProgram, env: Env, path: str) -> int:
     program.optimizer.load_state(saved)
     if isinstance(env, NormalizedObservations):
         env.load_state(saved)
+    elif NORMALIZATION_KEY in saved:
+        raise ValueError(f"{path} was written by a run with env.normalize_obs=true; resume it "
+                         f"with the same setting")
     env.restore(saved[ENV_KEY].tobytes())
     return int(saved[checkpoint.POINT_KEY][0]) + 1

@@ -140,9 +140,18 @@ def randint(low: int, high: int, shape: Sequence[int] = (),
     """Integers in ``[low, high)``, fresh at every point of ``domain``."""
     if high <= low:
         raise ShapeError(f"randint needs low < high, got [{low}, {high})", user_site())
-    if high - low > 2 ** 31:
-        raise ShapeError(f"randint draws from at most 2**31 values, got [{low}, {high})", user_site())
-    return _random("randint", shape, dtype_name(dtype), domain, low=low, high=high)
+    name = dtype_name(dtype)
+    if np.dtype(name).kind not in "iu":
+        raise ShapeError(f"randint draws integers, not {name}", user_site())
+    if low < np.iinfo(name).min or high - 1 > np.iinfo(name).max:
+        raise ShapeError(f"randint's range [{low}, {high}) does not fit {name}", user_site())
+    span = high - low
+    # A draw is 32 random bits modulo the range: the lowest 2**32 % span values come up once
+    # more than the others, a negligible share only while that remainder is small.
+    if span > 2 ** 32 or 2 ** 32 % span > 2 ** 16:
+        raise ShapeError(f"randint cannot draw uniformly from {span} values with 32 random bits; "
+                         f"use at most 65536 values or a power of two", user_site())
+    return _random("randint", shape, name, domain, low=low, high=high)
 
 
 # ---- user functions ---------------------------------------------------------------------

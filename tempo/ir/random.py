@@ -1,13 +1,15 @@
 """Counter-based random numbers: a draw is a pure function of (seed, op key, point).
 
 Threefry-2x32 with 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2,
-3", SC 2011; the generator under ``jax.random``) written against an array module, so
-NumPy and XLA compute the same bits. A random op is then an ordinary kernel: it runs on
-the device, fuses with its neighbours, and needs no generator state, so a resumed run or
-any schedule draws exactly what the uninterrupted one did.
+3", SC 2011; the generator under ``jax.random``, though our keying differs so the draws
+are not ``jax.random``'s) written against an array module, so NumPy and XLA compute the
+same bits (normal draws: up to the last bit of log, sqrt and cos). A random op is then
+an ordinary kernel: it runs on the device, fuses with its neighbours, and needs no
+generator state, so a resumed run or any schedule draws exactly what the uninterrupted
+one did.
 
 Keying: the key is ``(seed, op key)``; each coordinate of the point is folded in by one
-Threefry call (as ``jax.random.fold_in``); element ``n`` of the draw is the encryption of
+Threefry call (in the manner of ``jax.random.fold_in``); element ``n`` of the draw is the encryption of
 the counter ``(n, 0)``, which gives two 32-bit words per element.
 """
 
@@ -44,6 +46,8 @@ def random_bits(xp: Any, seed: int, key: int, coords: Any, size: int) -> tuple[A
     u32 = xp.uint32
     with _wrapping(xp):
         k = (u32(seed & 0xFFFFFFFF), u32(key & 0xFFFFFFFF))
+        if seed >> 32:  # seeds beyond 32 bits: the high word folded in too
+            k = threefry2x32(xp, k, (u32((seed >> 32) & 0xFFFFFFFF), u32(0xFFFFFFFF)))
         for n in range(coords.shape[0] if coords is not None else 0):
             k = threefry2x32(xp, k, (coords[n], u32(n)))
         counter = xp.arange(size, dtype=xp.uint32)
@@ -60,9 +64,10 @@ def sample(xp: Any, p: dict, coords: Any = None) -> Any:
     shape = tuple(int(d) for d in p["shape"])
     size = int(np.prod(shape, dtype=np.int64))
     a, b = random_bits(xp, p["seed"], p["key"], coords, size)
-    if p["dist"] == "uniform":
+    if p["dist"] == "uniform":  # below high even where float32 rounding would reach it
         u = unit_interval(xp, a)
-        out = p["low"] + (p["high"] - p["low"]) * u
+        top = np.nextafter(np.float32(p["high"]), np.float32(p["low"]))
+        out = xp.minimum(p["low"] + (p["high"] - p["low"]) * u, top)
     elif p["dist"] == "normal":  # Box-Muller, the cosine half
         radius = xp.sqrt(-2.0 * xp.log(xp.float32(1.0) - unit_interval(xp, a)))
         out = radius * xp.cos(xp.float32(2.0 * np.pi) * unit_interval(xp, b)) * p["scale"] + p["loc"]
@@ -72,6 +77,8 @@ def sample(xp: Any, p: dict, coords: Any = None) -> Any:
             out = (a % xp.uint32(span)).astype(p["dtype"]) + xp.asarray(p["low"], p["dtype"])
     else:
         raise ValueError(f"unknown distribution {p['dist']!r}")
+    # randint: 32 random bits modulo the range; ``tp.randint`` only allows ranges where the
+    # values that come up once more than the others are a negligible share (see there)
     return out.reshape(shape).astype(p["dtype"])
 
 

@@ -9,8 +9,8 @@ Folding repeats until nothing changes, so chains of constant arithmetic fold who
 writes ``b ** (b - 1)``, ``1.0 - 0.0``, ``gamma ** arange(n)`` and broadcast zeros).
 
 Only small results are folded (at most ``MAX_ELEMENTS``), so that a broadcast or an outer
-product of constants does not become a large array held for the whole run. Host ops (random
-draws, symbol values, UDFs), placeholders, reader sums, outputs of the program and ops whose
+product of constants does not become a large array held for the whole run. Host ops (point
+coordinates, symbol values, UDFs), placeholders, reader sums, outputs of the program and ops whose
 kernel disagrees with their declared type are left alone.
 """
 

@@ -12,8 +12,10 @@ import numpy as np
 
 @dataclass
 class MemoryStats:
-    """Stored points alive now and at the peak of a run, and the bytes they hold in the
-    backend's memory (the device, on JAX) and in host memory (blocks, swapped points)."""
+    """Stored points alive now and at the peak of a run, and the bytes the stores reference
+    in the backend's memory (the device, on JAX) and in host memory (blocks, swapped
+    points). A value two stores hold (a placeholder's branch is its source's array) counts
+    in both."""
 
     live: int = 0
     peak: int = 0

@@ -22,6 +22,7 @@ import numpy as np
 import tempo as tp
 from tempo.api.optim import replace_constant
 from tempo.api.tensor import RecurrentTensor, constant
+from tempo.errors import TempoError
 from tempo.symbolic.expr import Symbol
 from tempo_rl.envs.base import Env, Policy, Rollout
 
@@ -92,6 +93,10 @@ class NormalizedObservations:
 
     def load_state(self, values: dict[str, np.ndarray]) -> None:
         """Start from a checkpoint's statistics (call before compiling)."""
+        missing = [STATE_PREFIX + n for n in self.initial if STATE_PREFIX + n not in values]
+        if missing:
+            raise TempoError(f"the checkpoint has no observation statistics ({', '.join(missing)}); "
+                             f"it was written by a run without env.normalize_obs")
         for name, const in self.initial.items():
             replace_constant(const, values[STATE_PREFIX + name], STATE_PREFIX + name)
 

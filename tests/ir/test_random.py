@@ -79,3 +79,24 @@ def test_points_and_keys_give_independent_draws():
     np.testing.assert_array_equal(a, again)
     for b in (other_point, other_key):
         assert abs(np.corrcoef(a, b)[0, 1]) < 0.05 and not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("low,high,dtype,message", [
+    (0, 1_500_000_000, "int32", "cannot draw uniformly"),  # 32 bits mod 1.5e9: 30% of values favoured
+    (0, 300, "int8", "does not fit int8"),
+    (0, 4, "float32", "draws integers"),
+])
+def test_randint_rejects_ranges_it_cannot_draw_exactly(low, high, dtype, message):
+    import tempo as tp
+    ctx = tp.Context(dims=("t",))
+    with ctx, pytest.raises(tp.ShapeError, match=message):
+        tp.randint(low, high, (3,), dtype=dtype)
+
+
+def test_randint_allows_powers_of_two_and_small_remainders():
+    import tempo as tp
+    ctx = tp.Context(dims=("t",))
+    with ctx:
+        tp.randint(0, 2 ** 31, (3,))       # divides 2**32: no value favoured
+        tp.randint(0, 2 ** 31 - 1, (3,))   # 2 of 2**31 - 1 values favoured by 2**-31
+        tp.randint(-5, 60_000, (3,))

@@ -4,6 +4,7 @@ over every step's batch, carried across iterations, and a resumed run continues 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tempo as tp
 from tempo.api import checkpoint
@@ -59,3 +60,16 @@ def test_a_resumed_run_continues_the_statistics(tmp_path):
     for name in ("obs_norm.mean", "obs_norm.var", "obs_norm.count", "param0"):
         np.testing.assert_array_equal(last_resumed[name], last_full[name], err_msg=name)
     assert last_full["obs_norm.count"] > 2 * 16 * 6  # every step's batch, all iterations
+
+
+def test_resuming_with_another_normalization_setting_is_an_error(tmp_path):
+    common = ("algorithm.num_steps=16", "env.num_envs=2", "total_timesteps=64")
+    plain = train(config(*common), tmp_path / "plain", progress=False).checkpoint
+    normalized = train(config(*common, "env.normalize_obs=true"), tmp_path / "norm",
+                       progress=False).checkpoint
+    with pytest.raises(tp.TempoError, match="no observation statistics"):
+        train(config(*common, "total_timesteps=128", "env.normalize_obs=true",
+                     f"resume_from={plain}"), tmp_path / "a", progress=False)
+    with pytest.raises(ValueError, match="normalize_obs=true"):
+        train(config(*common, "total_timesteps=128", f"resume_from={normalized}"),
+              tmp_path / "b", progress=False)
