@@ -64,6 +64,9 @@ def reduce_domains(graph: SDG, state: PassState) -> SDG:
         move = _drop_unused_dims(op, reads, state.next_id)
         if move is not None:
             invariant += 1
+            narrowed = _points_read(poly, op, move, by_op[op.id])
+            coarse = _to_source_domain(poly, move.moved, list(move.reads), narrowed, state.next_id)
+            move = coarse or move  # coarse reads as well: straight to the sources' domain
         else:
             move = _to_source_domain(poly, op, reads, by_op[op.id], state.next_id)
         if move is None:
@@ -72,6 +75,7 @@ def reduce_domains(graph: SDG, state: PassState) -> SDG:
         state.next_id += 1
         by_op[move.moved.id] = _points_read(poly, op, move, by_op[op.id])
     if not moves:
+        state.notes.append("domains: 0 ops moved")
         return graph
     out = _rebuild(graph, moves, state.keep)
     state.needed = _union(state.needed, [s for k, s in by_op.items() if k in out.ops])

@@ -116,3 +116,18 @@ def test_moved_points_form_the_expected_set(run_pass):
     expected = isl.Set(f"{{ S{moved.id}[a, b] : 0 <= a < 2 and 0 <= b < 8 and b mod 4 = 0 }}",
                        context=needed_by_op(run.state.needed)[moved.id].get_ctx())
     assert needed_by_op(run.state.needed)[moved.id].is_equal(expected)
+
+
+def test_an_invariant_op_with_coarse_reads_moves_to_its_source_domain(run_pass, check):
+    """``exp(keys[i, u - u % 2])`` over ``(i, u, v)``: invariant in ``v``, and then computed
+    once per key vector (2 x 3 of 2 x 6 x 4 points)."""
+    ctx = tp.Context(dims=("i", "u", "v"))
+    (i, u, v), (I, U, V) = ctx.dims, ctx.bounds
+    with ctx:
+        keys = tp.uniform((3,), domain=(i, u))
+        wide = RecurrentTensor(ctx, ctx.add_op("exp", [keys[i, u - u % 2]], {}, domain=(i, u, v)))
+        out = wide.sum() + tp.symbol_value(v).astype("float32")
+    bounds = {I: 2, U: 6, V: 4}
+    run = run_pass(ctx, bounds, [out], "domains")
+    assert _points(run, "exp") == [(("i", "u"), 6)]
+    check(ctx, bounds, [out], ["domains", "copies"])
