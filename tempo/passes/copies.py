@@ -45,7 +45,13 @@ def _removable(graph: SDG, keep: set[int]) -> set[int]:
     plain = {op.id for op in graph.ops.values() if _is_plain_copy(graph, op, keep)}
     return {k for k in plain
             if graph.in_edges(graph.ops[k])[0].src.id not in plain
-            and all(_through(e, graph.in_edges(graph.ops[k])[0]) is not None for e in consumers[k])}
+            and all(_reads_through(e, graph.in_edges(graph.ops[k])[0]) for e in consumers[k])}
+
+
+def _reads_through(outer: Edge, inner: Edge) -> bool:
+    """Whether ``outer``'s sink can read ``inner``'s source directly. Reader sums cannot:
+    their launcher reads the points their params name, not the edge's index."""
+    return outer.sink.kind != "sum_readers" and _through(outer, inner) is not None
 
 
 def _without(graph: SDG, copies: set[int]) -> SDG:
