@@ -24,7 +24,7 @@ from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
 from tempo.passes import PassState, run_pipeline
 from tempo.runtime.backends import make_backend
 from tempo.runtime.profile import RunProfile
-from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
+from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
 from tempo.schedule.memory import MemoryPolicy, point_bytes, swapped_ops
 from tempo.schedule.scheduler import Schedule, analyze_points, build_schedule
@@ -281,7 +281,7 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
             raise TempoError(f"cannot read an empty slice of {op.name}, whose shape varies",
                              op.site)
         return backend.zeros((*sizes, *shape), t.dtype)
-    return PointStore(backend, stats, empty, host=swapped)
+    return (SwappedStore if swapped else PointStore)(backend, stats, empty)
 
 
 # ---- launchers ---------------------------------------------------------------------------

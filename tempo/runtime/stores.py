@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+
+@dataclass
+class Bytes:
+    """Bytes held now and at the peak."""
+
+    now: int = 0
+    peak: int = 0
+
+    def add(self, nbytes: int) -> None:
+        self.now += nbytes
+        if self.now > self.peak:
+            self.peak = self.now
 
 
 @dataclass
@@ -19,58 +32,56 @@ class MemoryStats:
 
     live: int = 0
     peak: int = 0
-    device_bytes: int = 0
-    peak_device_bytes: int = 0
-    host_bytes: int = 0
-    peak_host_bytes: int = 0
+    device: Bytes = field(default_factory=Bytes)
+    host: Bytes = field(default_factory=Bytes)
 
-    def allocate(self, nbytes: int, host: bool) -> None:
-        if host:
-            self.host_bytes += nbytes
-            self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
-        else:
-            self.device_bytes += nbytes
-            self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
+    @property
+    def device_bytes(self) -> int:
+        return self.device.now
 
-    def release(self, nbytes: int, host: bool) -> None:
-        if host:
-            self.host_bytes -= nbytes
-        else:
-            self.device_bytes -= nbytes
+    @property
+    def peak_device_bytes(self) -> int:
+        return self.device.peak
+
+    @property
+    def host_bytes(self) -> int:
+        return self.host.now
+
+    @property
+    def peak_host_bytes(self) -> int:
+        return self.host.peak
 
 
 class PointStore:
-    """One array per point. Fast point reads and writes; slice reads stack points.
+    """One array per point, in the backend's memory. Fast point reads and writes; slice
+    reads stack points."""
 
-    With ``host``, values wait in host memory: moved there when written and back to the
-    backend's memory when read (``tempo.schedule.memory``'s swapping)."""
-
-    def __init__(self, backend: Any, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any],
-                 host: bool = False):
-        self.backend, self.stats, self.empty, self.host = backend, stats, empty, host
+    def __init__(self, backend: Any, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any]):
+        self.backend, self.stats, self.empty = backend, stats, empty
+        self.bytes = self._counter(stats)
         self.data: dict[tuple[int, ...], Any] = {}
 
+    @staticmethod
+    def _counter(stats: MemoryStats) -> Bytes:
+        return stats.device
+
     def write(self, point: tuple[int, ...], value: Any) -> None:
-        if self.host:
-            value = self.backend.to_host(value)
-        old = self.data.get(point)
-        stats = self.stats
-        if old is None:
+        data, count = self.data, self.bytes
+        if point in data:  # rewritten
+            count.now -= data[point].nbytes
+        else:
+            stats = self.stats
             stats.live += 1
             if stats.live > stats.peak:
                 stats.peak = stats.live
-        else:
-            stats.release(old.nbytes, self.host)
-        stats.allocate(value.nbytes, self.host)
-        self.data[point] = value
+        data[point] = value
+        count.now += value.nbytes
+        if count.now > count.peak:
+            count.peak = count.now
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         """The read function for an edge: point reads are a plain dict lookup."""
-        read = self.read if slices else self.data.__getitem__
-        if not self.host:
-            return read
-        from_host = self.backend.from_host
-        return lambda index: from_host(read(index))
+        return self.read if slices else self.data.__getitem__
 
     def read(self, index: tuple) -> Any:
         if not any(isinstance(i, slice) for i in index):
@@ -86,7 +97,23 @@ class PointStore:
         value = self.data.pop(point, None)
         if value is not None:
             self.stats.live -= 1
-            self.stats.release(value.nbytes, self.host)
+            self.bytes.now -= value.nbytes
+
+
+class SwappedStore(PointStore):
+    """A point store whose values wait in host memory: moved there when written, back to
+    the backend's memory when read (``tempo.schedule.memory``'s swapping)."""
+
+    @staticmethod
+    def _counter(stats: MemoryStats) -> Bytes:
+        return stats.host
+
+    def write(self, point: tuple[int, ...], value: Any) -> None:
+        super().write(point, self.backend.to_host(value))
+
+    def reader(self, slices: bool) -> Callable[[tuple], Any]:
+        read, from_host = super().reader(slices), self.backend.from_host
+        return lambda index: from_host(read(index))
 
 
 def _empty(index: tuple) -> bool:
@@ -117,7 +144,7 @@ class BlockStore:
         if block is None:
             block = self.blocks[prefix] = np.zeros((self.length, *self.shape), self.dtype)
             self.live[prefix], self.produced[prefix] = set(), set()
-            self.stats.allocate(block.nbytes, host=True)
+            self.stats.host.add(block.nbytes)
         block[k] = np.asarray(value)
         self.produced[prefix].add(k)
         if k not in self.live[prefix]:
@@ -151,5 +178,5 @@ class BlockStore:
         live.discard(k)
         self.stats.live -= 1
         if not live and len(self.produced[prefix]) == self.length:
-            self.stats.release(self.blocks[prefix].nbytes, host=True)
+            self.stats.host.now -= self.blocks[prefix].nbytes
             del self.blocks[prefix], self.live[prefix], self.produced[prefix]
