@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import islpy as isl
-
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.types import TensorType
-from tempo.passes.rewrite import needed_by_op
+from tempo.passes.rewrite import needed_by_op, needed_of
 from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, logical_and
 
 if TYPE_CHECKING:
@@ -33,7 +31,8 @@ def propagate_copies(graph: SDG, state: PassState) -> SDG:
             break
         graph = _without(graph, found)
         removed |= found
-    state.needed = _drop_points(state.needed, removed)
+    by_op = needed_by_op(state.needed)
+    state.needed = needed_of(state.needed, by_op, set(by_op) - removed)
     state.notes.append(f"copies: {len(removed)} identity ops read through")
     return graph
 
@@ -42,7 +41,7 @@ def _removable(graph: SDG, keep: set[int]) -> set[int]:
     """Copies whose every reader can read their source directly. A copy of a copy waits
     for the next round, when its source's readers read through already."""
     consumers = graph.consumers()
-    plain = {op.id for op in graph.ops.values() if _is_plain_copy(graph, op, keep)}
+    plain = {op.id for op in graph.ops.values() if is_plain_copy(graph, op, keep)}
     return {k for k in plain
             if graph.in_edges(graph.ops[k])[0].src.id not in plain
             and all(_reads_through(e, graph.in_edges(graph.ops[k])[0]) for e in consumers[k])}
@@ -51,7 +50,7 @@ def _removable(graph: SDG, keep: set[int]) -> set[int]:
 def _reads_through(outer: Edge, inner: Edge) -> bool:
     """Whether ``outer``'s sink can read ``inner``'s source directly. Reader sums cannot:
     their launcher reads the points their params name, not the edge's index."""
-    return outer.sink.kind != "sum_readers" and _through(outer, inner) is not None
+    return outer.sink.kind != "sum_readers" and read_through(outer, inner) is not None
 
 
 def _without(graph: SDG, copies: set[int]) -> SDG:
@@ -63,21 +62,13 @@ def _without(graph: SDG, copies: set[int]) -> SDG:
         for edge in graph.in_edges(op):
             if edge.src.id in copies:
                 inner = graph.in_edges(edge.src)[0]
-                phi, cond = _through(edge, inner)  # type: ignore[misc]  # checked by _removable
+                phi, cond = read_through(edge, inner)  # type: ignore[misc]  # checked by _removable
                 edge = Edge(edge.sink, edge.sink_in, inner.src, inner.src_out, phi, cond)
             out.add_edge(edge)
     return out
 
 
-def _drop_points(needed: isl.UnionSet, ops: set[int]) -> isl.UnionSet:
-    kept = needed.subtract(needed)  # empty, in needed's isl context
-    for k, points in needed_by_op(needed).items():
-        if k not in ops:
-            kept = kept.union(isl.UnionSet.from_set(points))
-    return kept
-
-
-def _is_plain_copy(graph: SDG, op: Op, keep: set[int]) -> bool:
+def is_plain_copy(graph: SDG, op: Op, keep: set[int]) -> bool:
     """An unconditional identity whose value is exactly what it reads (its source's
     points, stacked along one leading dim per window). Its ``requires`` were checked on
     the needed points before the passes run."""
@@ -89,7 +80,7 @@ def _is_plain_copy(graph: SDG, op: Op, keep: set[int]) -> bool:
     return edge.cond is TRUE and op.outputs[0] == read
 
 
-def _through(outer: Edge, inner: Edge) -> tuple[tuple[IndexEntry, ...], Expr] | None:
+def read_through(outer: Edge, inner: Edge) -> tuple[tuple[IndexEntry, ...], Expr] | None:
     """The index and condition of reading ``inner``'s source directly where ``outer``
     reads the copy, or None when that is not exact."""
     copy = outer.src

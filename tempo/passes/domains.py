@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import islpy as isl
 
-from tempo.ir.graph import SDG, Edge, Op, program_roots
+from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import param_symbols
-from tempo.passes.copies import _is_plain_copy, _through
-from tempo.passes.rewrite import needed_by_op
+from tempo.passes.copies import is_plain_copy, read_through
+from tempo.passes.rewrite import needed_by_op, needed_of, without_unreached
 from tempo.schedule.polyhedral import Polyhedral
 from tempo.symbolic.expr import TRUE, IndexEntry, Slice, Symbol
 
@@ -78,7 +78,7 @@ def reduce_domains(graph: SDG, state: PassState) -> SDG:
         state.notes.append("domains: 0 ops moved")
         return graph
     out = _rebuild(graph, moves, state.keep)
-    state.needed = _union(state.needed, [s for k, s in by_op.items() if k in out.ops])
+    state.needed = needed_of(state.needed, by_op, out.ops)
     state.notes.append(f"domains: {len(moves)} ops moved to smaller domains ({invariant} "
                        f"loop-invariant, {len(moves) - invariant} by coarse reads)")
     return out
@@ -108,11 +108,11 @@ def _read_through(graph: SDG, moves: dict[int, _Move], keep: set[int], edge: Edg
         src = edge.src
         if src.id in moves:
             inner = Edge(src, 0, moves[src.id].moved, 0, moves[src.id].index)
-        elif _is_plain_copy(graph, src, keep):
+        elif is_plain_copy(graph, src, keep):
             inner = graph.in_edges(src)[0]
         else:
             return edge
-        composed = _through(edge, inner)
+        composed = read_through(edge, inner)
         if composed is None:
             return edge
         edge = Edge(edge.sink, edge.sink_in, inner.src, inner.src_out, *composed)
@@ -195,19 +195,9 @@ def _rebuild(graph: SDG, moves: dict[int, _Move], keep: set[int]) -> SDG:
         else:
             for edge in graph.in_edges(op):
                 out.add_edge(_repointed(edge, final))
-    roots = program_roots(out, [out.ops[k] for k in sorted(keep) if k in out.ops])
-    live = out.reachable_from(roots)
-    return SDG({k: op for k, op in out.ops.items() if k in live.ops},
-               {k: edges for k, edges in out.inputs.items() if k in live.ops})
+    return without_unreached(out, keep)
 
 
 def _repointed(edge: Edge, final: dict[int, Op]) -> Edge:
     return Edge(final[edge.sink.id], edge.sink_in, final[edge.src.id], edge.src_out,
                 edge.phi, edge.cond)
-
-
-def _union(needed: isl.UnionSet, sets: list[isl.Set]) -> isl.UnionSet:
-    out = needed.subtract(needed)  # empty, in needed's isl context
-    for s in sets:
-        out = out.union(isl.UnionSet.from_set(s))
-    return out

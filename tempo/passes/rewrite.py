@@ -11,6 +11,7 @@ points are united into its replacement's.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 import islpy as isl
@@ -118,8 +119,21 @@ def _moved_needed(needed: isl.UnionSet, graph: SDG, redirect: dict, resolve) -> 
         if current is not None and current.dim(isl.dim_type.set) != points.dim(isl.dim_type.set):
             raise ValueError(f"internal: S{k} replaced by {target.name}, whose domain differs")
         by_op[target.id] = points if current is None else current.union(points).coalesce()
+    return needed_of(needed, by_op, graph.ops)
+
+
+def needed_of(needed: isl.UnionSet, by_op: dict[int, isl.Set], ops: Container[int]) -> isl.UnionSet:
+    """The needed points of ``by_op``'s ops that are in ``ops``, as one union set in
+    ``needed``'s isl context."""
     result = needed.subtract(needed)  # empty, in needed's isl context
     for k, points in by_op.items():
-        if k in graph.ops:
+        if k in ops:
             result = result.union(isl.UnionSet.from_set(points))
     return result
+
+
+def without_unreached(graph: SDG, keep: set[int]) -> SDG:
+    """``graph`` without the ops that the program's roots (``keep``'s ops and UDFs) do not
+    reach."""
+    reached = _reached(graph, keep)
+    return _without(graph, {k for k in graph.ops if k not in reached})
