@@ -27,20 +27,33 @@ def saved(tmp_path_factory) -> Path:
     return train(cfg, out, progress=False).checkpoint
 
 
-def _numpy_greedy_return(arrays: dict[str, np.ndarray], seed: int) -> float:
-    layers = [(arrays[f"param{2 * k}"], arrays[f"param{2 * k + 1}"]) for k in range(3)]
-    env = gym.make("CartPole-v1")
+def _layers(arrays: dict[str, np.ndarray], first: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The policy MLP's (weight, bias) pairs, from checkpoint entry ``param<first>`` on."""
+    return [(arrays[f"param{first + 2 * k}"], arrays[f"param{first + 2 * k + 1}"]) for k in range(3)]
+
+
+def _mlp(layers: list[tuple[np.ndarray, np.ndarray]], h: np.ndarray) -> np.ndarray:
+    for k, (w, b) in enumerate(layers):
+        h = h @ w + b
+        h = np.tanh(h) if k < len(layers) - 1 else h
+    return h
+
+
+def _numpy_return(env_id: str, seed: int, act) -> float:
+    """One episode of ``env_id`` from ``seed`` with ``act(obs)``; its return."""
+    env = gym.make(env_id)
     obs, _ = env.reset(seed=seed)
     total, done = 0.0, False
     while not done:
-        h = obs.astype(np.float32)
-        for k, (w, b) in enumerate(layers):
-            h = h @ w + b
-            h = np.tanh(h) if k < 2 else h
-        obs, reward, terminated, truncated, _ = env.step(int(np.argmax(h)))
-        total += reward
+        obs, reward, terminated, truncated, _ = env.step(act(obs.astype(np.float32)))
+        total += float(reward)
         done = terminated or truncated
     return total
+
+
+def _numpy_greedy_return(arrays: dict[str, np.ndarray], seed: int) -> float:
+    layers = _layers(arrays, 0)
+    return _numpy_return("CartPole-v1", seed, lambda obs: int(np.argmax(_mlp(layers, obs))))
 
 
 def test_greedy_returns_match_a_numpy_rollout(saved, tmp_path):
@@ -63,22 +76,14 @@ def _numpy_mean_action_return(arrays: dict[str, np.ndarray], seed: int) -> float
     """Pendulum with the Gaussian policy's mean action (param0 is its log std; then the
     mean MLP's weights and biases), clipped to the action bounds; observations normalized
     with the checkpoint's statistics when it has them."""
-    layers = [(arrays[f"param{2 * k + 1}"], arrays[f"param{2 * k + 2}"]) for k in range(3)]
-    env = gym.make("Pendulum-v1")
-    obs, _ = env.reset(seed=seed)
-    total, done = 0.0, False
-    while not done:
-        h = obs.astype(np.float32)
+    layers = _layers(arrays, 1)
+
+    def act(obs: np.ndarray) -> np.ndarray:
         if "obs_norm.mean" in arrays:
             scale = np.sqrt(arrays["obs_norm.var"] + 1e-8).astype(np.float32)
-            h = np.clip((h - arrays["obs_norm.mean"]) / scale, -10, 10)
-        for k, (w, b) in enumerate(layers):
-            h = h @ w + b
-            h = np.tanh(h) if k < 2 else h
-        obs, reward, terminated, truncated, _ = env.step(np.clip(h, -2.0, 2.0))
-        total += float(reward)
-        done = terminated or truncated
-    return total
+            obs = np.clip((obs - arrays["obs_norm.mean"]) / scale, -10, 10)
+        return np.clip(_mlp(layers, obs), -2.0, 2.0)
+    return _numpy_return("Pendulum-v1", seed, act)
 
 
 @pytest.mark.parametrize("normalize", [False, True])
