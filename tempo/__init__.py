@@ -29,13 +29,15 @@ from tempo.errors import (
     UnschedulableError,
     UnsupportedExpressionError,
 )
+from tempo.runtime.lowering import LoopPolicy
 from tempo.runtime.profile import RunProfile
 from tempo.schedule.memory import MemoryPolicy
 from tempo.symbolic.expr import Slice, Symbol
 
 __all__ = [
-    "BoundsError", "Context", "DomainError", "MemoryPolicy", "OutOfRangeError", "RecurrentTensor",
-    "RunProfile", "ShapeError", "Slice", "Symbol", "TempoError", "UDFError", "UndefinedPointError",
+    "BoundsError", "Context", "DomainError", "LoopPolicy", "MemoryPolicy", "OutOfRangeError",
+    "RecurrentTensor", "RunProfile", "ShapeError", "Slice", "Symbol", "TempoError", "UDFError",
+    "UndefinedPointError",
     "UnschedulableError", "UnsupportedExpressionError", "cat", "const", "matmul", "max", "min", "normal",
     "placeholder", "randint", "sink", "stack", "symbol_value", "udf", "uniform", "where",
 ]

@@ -127,7 +127,8 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     passes = cfg.get("passes")
     exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "numpy"),
                       passes=None if passes is None else list(passes),
-                      memory=tp.MemoryPolicy(**cfg.get("memory", {})))
+                      memory=tp.MemoryPolicy(**cfg.get("memory", {})),
+                      loops=tp.LoopPolicy(str(cfg.get("loops") or "timed")))
     compiled = time.perf_counter()
     if cfg.get("compile_report"):
         print(exe.report)
@@ -139,6 +140,9 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
         logger.close()
     if profile is not None:
         print(profile.table(top=25))
+    if cfg.get("compile_report") or profile is not None:
+        for choice in exe.loop_choices.values():
+            print(choice)
     return TrainResult(list(env.episode_returns), logger.history, compiled - start,
                        time.perf_counter() - compiled, target if target.exists() else None)
 

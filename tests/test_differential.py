@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -409,18 +410,20 @@ def _compare(prog: Program, bounds: dict, results, where: str) -> None:
             np.testing.assert_array_equal(got, expected, err_msg=f"{name}{where}")
 
 
-def check_program(seed: int, backend: str, both_bounds: bool = True, passes=None) -> None:
+def check_program(seed: int, backend: str, both_bounds: bool = True, passes=None,
+                  loops: tp.LoopPolicy | None = None) -> Any:
     """Compile (with the optimization ``passes``, all by default) and run the program of
     ``seed`` and compare with the reference; with ``both_bounds``, also recompile the same
     context for a second set of bounds and run the first executable a second time (runs
-    must not leak state into each other)."""
+    must not leak state into each other). Returns the (last) executable."""
     prog = make_program(seed)
     rts = [rt for rt, _ in prog.outputs]
     for bounds in ([prog.bounds, prog.alt_bounds] if both_bounds else [prog.bounds]):
         shown = ", ".join(f"{b.name}={v}" for b, v in bounds.items())
         where = f"\n{backend} backend, bounds ({shown}), program:\n    {prog.describe()}"
         try:
-            exe = prog.ctx.compile(bounds=bounds, outputs=rts, backend=backend, passes=passes)
+            exe = prog.ctx.compile(bounds=bounds, outputs=rts, backend=backend, passes=passes,
+                                   loops=loops)
             first = exe.run()
             second = exe.run() if both_bounds else first
         except Exception as err:  # name the program in the failure
@@ -429,6 +432,7 @@ def check_program(seed: int, backend: str, both_bounds: bool = True, passes=None
         for rt, name in prog.outputs:
             np.testing.assert_array_equal(np.asarray(second[rt]), np.asarray(first[rt]),
                                           err_msg=f"{name}: a second run differs{where}")
+    return exe
 
 
 NUMPY_SEEDS = range(40)
@@ -443,6 +447,26 @@ def test_random_program_numpy(seed):
 @pytest.mark.parametrize("seed", JAX_SEEDS)
 def test_random_program_jax(seed):
     check_program(seed, "jax", both_bounds=False)
+
+
+LOWERED_SEEDS = range(1000, 1024)
+
+
+@pytest.mark.parametrize("seed", LOWERED_SEEDS)
+def test_random_program_with_lowered_loops(seed):
+    """Every loop that can be one ``lax.scan`` is (tempo.runtime.lowering)."""
+    check_program(seed, "jax", both_bounds=False, loops=tp.LoopPolicy("lowered"))
+
+
+def test_random_programs_exercise_loop_lowering():
+    lowered = 0
+    for seed in LOWERED_SEEDS:
+        prog = make_program(seed)
+        exe = prog.ctx.compile(prog.bounds, [rt for rt, _ in prog.outputs], backend="jax",
+                               loops=tp.LoopPolicy("lowered"))
+        exe.run()
+        lowered += sum(c.form == "lowered" and not c.fallbacks for c in exe.loop_choices.values())
+    assert lowered >= 5
 
 
 @pytest.mark.parametrize("seed", range(0, 40, 5))

@@ -13,6 +13,7 @@ from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Symbol
 if TYPE_CHECKING:
     from tempo.api.tensor import RecurrentTensor
     from tempo.runtime.executable import Executable
+    from tempo.runtime.lowering import LoopPolicy
     from tempo.schedule.memory import MemoryPolicy
 
 _ACTIVE: list[Context] = []
@@ -102,15 +103,17 @@ class Context:
 
     def compile(self, bounds: dict[Symbol, int], outputs: Sequence[RecurrentTensor] = (),
                 backend: str = "jax", passes: Collection[str] | None = None,
-                memory: MemoryPolicy | None = None) -> Executable:
+                memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None) -> Executable:
         """Check, optimize and schedule the program for concrete ``bounds``; ``backend`` is
         "jax" or "numpy"; ``passes`` names the optimization passes to run (all by default,
         ``()`` for none); ``memory`` is where stored points wait (``tp.MemoryPolicy``; by
-        default on the device). ``run()`` on the result returns the value of every point of
+        default on the device); ``loops`` how innermost loops of device ops run on JAX
+        (``tp.LoopPolicy``: by default timed, then one ``lax.scan`` or the interpreter,
+        whichever was faster). ``run()`` on the result returns the value of every point of
         ``outputs``; ``report`` on it says where compile time went."""
         from tempo.runtime.executable import compile_program
         return compile_program(self, bounds, list(outputs), backend=backend, passes=passes,
-                               memory=memory)
+                               memory=memory, loops=loops)
 
     def __repr__(self) -> str:
         return f"Context(dims=({self._dim_names()}), ops={len(self.graph)})"

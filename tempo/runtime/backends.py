@@ -38,6 +38,7 @@ class NumpyBackend:
     def synchronize(self, value: Any) -> None:
         """NumPy computes eagerly: nothing to wait for."""
 
+
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return np.zeros(shape, dtype)
 
@@ -52,6 +53,8 @@ class JaxBackend:
         import jax
         import jax.numpy as jnp
         self.jax, self.jnp = jax, jnp
+        self.xp = XlaNamespace(jax, jnp)
+        """The array module kernels are traced with."""
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         """A jitted kernel: once for ``static_params``, else once per distinct params.
@@ -73,8 +76,8 @@ class JaxBackend:
         key = _freeze(kind, params)
         kernel = _JIT_CACHE.get(key) if key is not None else None
         if kernel is None:
-            fn, jnp = op_def(kind).kernel, self.jnp
-            kernel = self.jax.jit(lambda *xs: fn(jnp, params, *xs))
+            fn, xp = op_def(kind).kernel, self.xp
+            kernel = self.jax.jit(lambda *xs: fn(xp, params, *xs))
             if key is not None:
                 _JIT_CACHE[key] = kernel
         return kernel
@@ -104,6 +107,31 @@ class JaxBackend:
 
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return self.jnp.zeros(shape, dtype)
+
+
+class XlaNamespace:
+    """``jax.numpy`` as kernels see it, with the functions whose XLA lowering is slow on
+    this platform replaced.
+
+    On CPU, XLA sorts a float key with its index (a two-operand sort) about 3x slower
+    than NumPy's stable argsort (128k keys: 28 ms vs 9 ms on 2 cores; PPO sorts one key
+    per element of its rollout every epoch), so there ``argsort`` is NumPy's, called
+    back from the compiled computation. Results are the same: both sorts are stable."""
+
+    def __init__(self, jax: Any, jnp: Any):
+        self._jax, self._jnp = jax, jnp
+        if jax.default_backend() == "cpu":
+            self.argsort = self._host_argsort
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._jnp, name)
+
+    def _host_argsort(self, x: Any, axis: int = -1, stable: bool = True) -> Any:
+        def sort(values: np.ndarray) -> np.ndarray:
+            kind = "stable" if stable else None
+            return np.argsort(values, axis=axis, kind=kind).astype(np.int32)
+        result = self._jax.ShapeDtypeStruct(x.shape, self._jnp.int32)
+        return self._jax.pure_callback(sort, result, x)
 
 
 _JIT_CACHE: dict[tuple, Callable] = {}

@@ -23,6 +23,7 @@ from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
 from tempo.passes import PassState, run_pipeline
 from tempo.runtime.backends import make_backend
+from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, lower_loops
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
@@ -78,7 +79,8 @@ class Executable:
 
     def __init__(self, ctx: Context, graph: SDG, bounds: dict[Symbol, int],
                  outputs: list[RecurrentTensor], schedule: Schedule, backend: Any,
-                 report: CompileReport, memory: MemoryPolicy | None = None):
+                 report: CompileReport, memory: MemoryPolicy | None = None,
+                 loops: LoopPolicy | None = None):
         self.ctx, self.graph, self.bounds = ctx, graph, bounds
         self.outputs, self.schedule, self.backend = outputs, schedule, backend
         self.report = report
@@ -88,8 +90,18 @@ class Executable:
                                    {op.id: point_bytes(op, bounds) for op in graph.ops.values()}) \
             if backend.name != "numpy" else set()
         """Ids of the ops whose points wait in host memory (``tempo.schedule.memory``)."""
-        self.source = _program_source(ast.substitute(schedule.root, bounds), schedule)
-        self._program = _compile_source(self.source)
+        self.loops = loops or LoopPolicy()
+        root = ast.substitute(schedule.root, bounds)
+        self._interpreted = _compile_source(_program_source(root, schedule.statements))
+        self._lowered: dict[str, tuple[ast.Loop, tuple[Symbol, ...]]] = {}
+        if backend.name == "jax" and self.loops.mode != "interpreted":
+            root, self._lowered = lower_loops(root, schedule.statements, graph, bounds)
+        self.loop_choices = {name: LoopChoice(name, sorted(_statement_names(loop)))
+                             for name, (loop, _) in self._lowered.items()}
+        """Per lowerable loop: its statements, the timings and the form the runs chose
+        (``tempo.runtime.lowering``)."""
+        self.source = _program_source(root, [*schedule.statements, *self._lowered])
+        self._program = _compile_source(self.source) if self._lowered else self._interpreted
 
     def run(self, origin: dict[Symbol, int] | None = None,
             profile: RunProfile | None = None) -> Results:
@@ -111,6 +123,11 @@ class Executable:
                                      self.backend, shift)
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
+        for name, (loop, outer) in self._lowered.items():
+            launch = LoopLauncher(loop, outer, self.schedule.statements, self.graph, stores,
+                                  self.bounds, self.backend, namespace, self.loops,
+                                  self.loop_choices[name])
+            namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
         self._program(namespace)
         return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
 
@@ -121,7 +138,7 @@ class Executable:
 
         def recorder(kind: str, op: Op) -> Callable[[tuple[int, ...]], None]:
             return lambda point: trace.append((kind, op, tuple(point)))
-        self._program({name: recorder(s.kind, s.op) for name, s in self.schedule.statements.items()})
+        self._interpreted({name: recorder(s.kind, s.op) for name, s in self.schedule.statements.items()})
         return trace
 
     def _gather(self, rt: RecurrentTensor, stores: dict) -> np.ndarray:
@@ -134,11 +151,13 @@ class Executable:
 
 def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
                     backend: str = "jax", passes: Collection[str] | None = None,
-                    memory: MemoryPolicy | None = None) -> Executable:
+                    memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None) -> Executable:
     """Check, optimize, schedule and prepare ``ctx``'s program for concrete ``bounds``.
 
     ``passes`` names the pipeline passes to run (``tempo.passes.PIPELINE``; all when None,
-    none when empty); ``memory`` says where stored points wait (default: the device)."""
+    none when empty); ``memory`` says where stored points wait (default: the device);
+    ``loops`` how innermost loops of device ops run on JAX (default: the faster of one
+    ``lax.scan`` and the interpreter, timed on the first entries)."""
     report = CompileReport()
     clock = time.perf_counter()
 
@@ -178,7 +197,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
         optimized = graph
         schedule = build_schedule(graph, values, ctx.bound_of, roots, kept, needed)
     stage("schedule")
-    exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report, memory)
+    exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report, memory, loops)
     stage("codegen")
     return exe
 
@@ -198,11 +217,11 @@ def _check_outputs(ctx: Context, outputs: list[RecurrentTensor]) -> None:
 
 
 # ---- code generation ----------------------------------------------------------------------
-def _program_source(root: ast.Node, schedule: Schedule) -> str:
+def _program_source(root: ast.Node, statements: Collection[str]) -> str:
     def call(stmt: ast.Stmt) -> str:
         return f"{stmt.name}(({''.join(e.to_python() + ', ' for e in stmt.index)}))"
     body = ast.to_python(root, call, indent=2)
-    names = sorted(schedule.statements)
+    names = sorted(statements)
     return "\n".join([
         "def program(ns):",
         f"    {', '.join(names)}{',' if len(names) == 1 else ''} = "
@@ -210,6 +229,16 @@ def _program_source(root: ast.Node, schedule: Schedule) -> str:
         "    if True:",
         *body,
     ])
+
+
+def _statement_names(node: ast.Node) -> set[str]:
+    if isinstance(node, ast.Stmt):
+        return {node.name}
+    if isinstance(node, ast.Seq):
+        return set().union(*(_statement_names(c) for c in node.body))
+    if isinstance(node, ast.If):
+        return _statement_names(node.then) | (_statement_names(node.orelse) if node.orelse else set())
+    return _statement_names(node.body)
 
 
 def _compile_source(source: str) -> Callable[[dict], None]:

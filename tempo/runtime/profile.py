@@ -29,10 +29,6 @@ class RunProfile:
 
     ops: dict[tuple[str, str], OpTime] = field(default_factory=dict)
 
-    @property
-    def total(self) -> float:
-        return sum(t.seconds for t in self.ops.values())
-
     def instrument(self, table: dict[str, Callable], statements: dict[str, Statement],
                    stores: dict, backend: Any) -> dict[str, Callable]:
         """``table``'s launchers, each timed into this profile."""
@@ -56,6 +52,25 @@ class RunProfile:
             entry.calls += 1
         return timed
 
+    def instrument_loop(self, name: str, launch: Callable) -> Callable:
+        """A lowerable loop's launcher (``tempo.runtime.lowering``): the entries that ran
+        as one scan are timed whole, as ``("loop", name)``; interpreted ones are already
+        timed statement by statement."""
+        entry = self.ops.setdefault(("loop", name), OpTime())
+        clock = time.perf_counter
+
+        def timed(point: tuple[int, ...]) -> None:
+            start = clock()
+            launch(point)
+            if launch.last_form == "lowered":
+                entry.seconds += clock() - start
+                entry.calls += 1
+        return timed
+
+    @property
+    def total(self) -> float:
+        return sum(t.seconds for t in self.ops.values())
+
     def table(self, top: int | None = None) -> str:
         """The ops by time spent, most first: total and mean milliseconds, share, calls."""
         total = self.total or 1.0
@@ -63,8 +78,9 @@ class RunProfile:
         lines = [f"{'ms':>10} {'share':>6} {'calls':>8} {'ms/call':>9}  op"]
         for (kind, name), t in rows:
             if t.calls:
+                prefix = {"free": "free ", "loop": "loop "}.get(kind, "")
                 lines.append(f"{t.seconds * 1e3:10.1f} {t.seconds / total:6.1%} {t.calls:8d} "
-                             f"{t.seconds * 1e3 / t.calls:9.3f}  {'free ' if kind == 'free' else ''}{name}")
+                             f"{t.seconds * 1e3 / t.calls:9.3f}  {prefix}{name}")
         return "\n".join([*lines, f"{total * 1e3:10.1f} total"])
 
     __str__ = table

@@ -52,6 +52,21 @@ class MemoryStats:
         return self.host.peak
 
 
+class _Points(dict):
+    """A point store's values by point. Points written as rows of a stacked array (a
+    lowered loop's output) wait in ``rows`` and are sliced out when first read, so a
+    loop's output costs no dispatch per point unless a point is read alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[tuple[int, ...], tuple[Any, int]] = {}
+
+    def __missing__(self, point: tuple[int, ...]) -> Any:
+        values, row = self.rows.pop(point)
+        value = self[point] = values[row]
+        return value
+
+
 class PointStore:
     """One array per point, in the backend's memory. Fast point reads and writes; slice
     reads stack points."""
@@ -59,7 +74,7 @@ class PointStore:
     def __init__(self, backend: Any, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any]):
         self.backend, self.stats, self.empty = backend, stats, empty
         self.bytes = self._counter(stats)
-        self.data: dict[tuple[int, ...], Any] = {}
+        self.data = _Points()
 
     @staticmethod
     def _counter(stats: MemoryStats) -> Bytes:
@@ -70,6 +85,8 @@ class PointStore:
         if point in data:  # rewritten
             count.now -= data[point].nbytes
         else:
+            if data.rows and point in data.rows:  # rewritten, a row not yet read
+                self.free(point)
             stats = self.stats
             stats.live += 1
             if stats.live > stats.peak:
@@ -78,6 +95,32 @@ class PointStore:
         count.now += value.nbytes
         if count.now > count.peak:
             count.peak = count.now
+
+    def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
+        """Write row ``rows[n]`` of ``values`` at ``points[n]`` (a lowered loop's stacked
+        output)."""
+        data, stats, count = self.data, self.stats, self.bytes
+        size = values.nbytes // max(1, values.shape[0])
+        for point, row in zip(points, rows):
+            self.free(point)
+            data.rows[point] = (values, row)
+            stats.live += 1
+            count.now += size
+        stats.peak = max(stats.peak, stats.live)
+        count.peak = max(count.peak, count.now)
+
+    def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
+        """The values at ``points`` as one array when they are consecutive rows of one
+        stacked array still waiting to be read (else None)."""
+        first = self.data.rows.get(points[0]) if points else None
+        if first is None:
+            return None
+        values, start = first
+        for n, point in enumerate(points):
+            entry = self.data.rows.get(point)
+            if entry is None or entry[0] is not values or entry[1] != start + n:
+                return None
+        return values if start == 0 and len(points) == values.shape[0] else values[start:start + len(points)]
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         """The read function for an edge: point reads are a plain dict lookup."""
@@ -98,6 +141,10 @@ class PointStore:
         if value is not None:
             self.stats.live -= 1
             self.bytes.now -= value.nbytes
+        elif point in self.data.rows:
+            values, _ = self.data.rows.pop(point)
+            self.stats.live -= 1
+            self.bytes.now -= values.nbytes // max(1, values.shape[0])
 
 
 class SwappedStore(PointStore):
@@ -110,6 +157,14 @@ class SwappedStore(PointStore):
 
     def write(self, point: tuple[int, ...], value: Any) -> None:
         super().write(point, self.backend.to_host(value))
+
+    def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
+        host = self.backend.to_host(values)
+        for point, row in zip(points, rows):
+            super().write(point, host[row])
+
+    def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
+        return None
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         read, from_host = super().reader(slices), self.backend.from_host
@@ -151,6 +206,12 @@ class BlockStore:
             self.live[prefix].add(k)
             self.stats.live += 1
             self.stats.peak = max(self.stats.peak, self.stats.live)
+
+    def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
+        """Write row ``rows[n]`` of ``values`` at ``points[n]``, copied to host memory at once."""
+        host = np.asarray(values)
+        for point, row in zip(points, rows):
+            self.write(point, host[row])
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         return self.read if slices else self.read_point

@@ -75,7 +75,7 @@ def from_isl(node: isl.AstNode, symbols: dict[str, Expr] | None = None) -> Node:
     raise TempoError(f"internal: unsupported isl AST node {kind}")
 
 
-def _range_stop(loop: Loop) -> Expr | None:
+def range_stop(loop: Loop) -> Expr | None:
     """``stop`` when the loop condition is ``var < stop`` or ``var <= stop - 1``."""
     c = loop.cond
     if c.op in ("lt", "le") and c.args[0] is loop.var and loop.var not in c.args[1].symbols():
@@ -96,7 +96,7 @@ def to_python(node: Node, call: Callable[[Stmt], str], indent: int = 1) -> list[
         if node.orelse is not None:
             lines += [f"{pad}else:", *to_python(node.orelse, call, indent + 1)]
         return lines
-    stop = _range_stop(node)
+    stop = range_stop(node)
     body = to_python(node.body, call, indent + 1)
     var = node.var.name
     if stop is not None:

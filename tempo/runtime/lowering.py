@@ -1,0 +1,473 @@
+"""Loop lowering: an innermost loop of device ops runs as one ``lax.scan``.
+
+The executor interprets the schedule one statement instance at a time: per step of an
+acting loop, a few launches, each reading and writing tensor stores from Python. Where a
+loop's body holds only device ops with static shapes (and merges between them, and
+frees), the whole loop can instead run as a single XLA loop: values the body produces and
+reads in the same iteration flow directly, values read one iteration later are the scan's
+carry, values produced before the loop come in as constants or as per-iteration inputs,
+and the values read after the loop come out stacked and are written to their stores.
+
+The plan is made from the concrete points of each entry into the loop (its outer loop
+counters are known then): every read is resolved to the iteration that produced it, or
+to a store when no iteration did, so a lowered loop reads exactly what the interpreted
+one would. Loops whose reads do not fit (slices of values made in the loop, reads more
+than one iteration back, producers of the current iteration that run later in the body)
+are interpreted as before.
+
+``LoopPolicy.mode`` chooses per loop: ``"timed"`` (the default) interprets the first
+entry and runs the second lowered, timing each (the XLA compile excluded), and keeps the
+faster form for the rest of the run; ``"lowered"`` and ``"interpreted"`` force a form.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tempo.ir.graph import SDG, Edge, Op, has_static_shapes
+from tempo.ir.ops import param_symbols, resolve_params
+from tempo.schedule import ast
+from tempo.schedule.scheduler import Statement
+from tempo.symbolic.expr import Symbol, compile_function
+
+MODES = ("timed", "lowered", "interpreted")
+POINT_OPS = ("eval_symbol", "coords")
+"""Host ops without inputs whose value is a function of the point: a lowered loop runs
+them on the host, for every iteration, before its scan, which reads their values."""
+
+
+@dataclass(frozen=True)
+class LoopPolicy:
+    """How innermost loops of device ops run on the JAX backend."""
+
+    mode: str = "timed"
+    """``timed``: time both forms on the loop's first two entries and keep the faster;
+    ``lowered``: always one ``lax.scan`` where the loop allows it; ``interpreted``: never."""
+    min_trips: int = 4
+    """Entries with fewer iterations than this are interpreted (a scan would not pay)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown loop mode {self.mode!r}; choose one of {', '.join(MODES)}")
+
+
+@dataclass
+class LoopChoice:
+    """What the run measured and chose for one lowerable loop (seconds per iteration)."""
+
+    name: str
+    statements: list[str]
+    interpreted: float | None = None
+    lowered: float | None = None
+    compile_seconds: float = 0.0
+    form: str | None = None
+    fallbacks: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        def ms(x: float | None) -> str:
+            return "-" if x is None else f"{x * 1e3:.3f} ms"
+        why = f" (interpreted: {self.fallbacks[0]})" if self.fallbacks else ""
+        return (f"{self.name} [{', '.join(self.statements)}]: {self.form or 'undecided'}; per iteration "
+                f"interpreted {ms(self.interpreted)}, lowered {ms(self.lowered)} "
+                f"(compile {self.compile_seconds:.2f} s){why}")
+
+
+# ---- finding the loops -------------------------------------------------------------------
+def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
+                bounds: dict[Symbol, int]) -> tuple[ast.Node, dict[str, tuple[ast.Loop, tuple[Symbol, ...]]]]:
+    """``root`` with each lowerable innermost loop replaced by a statement ``L<k>`` at its
+    outer loop counters, and what each such statement stands for: ``(loop, outer vars)``."""
+    found: dict[str, tuple[ast.Loop, tuple[Symbol, ...]]] = {}
+
+    def visit(node: ast.Node, outer: tuple[Symbol, ...]) -> ast.Node:
+        if isinstance(node, ast.Seq):
+            return ast.Seq(tuple(visit(c, outer) for c in node.body))
+        if isinstance(node, ast.If):
+            orelse = visit(node.orelse, outer) if node.orelse is not None else None
+            return ast.If(node.cond, visit(node.then, outer), orelse)
+        if isinstance(node, ast.Loop):
+            if _lowerable(node, statements, graph, bounds):
+                name = f"L{len(found)}"
+                found[name] = (node, outer)
+                return ast.Stmt(name, outer)
+            return ast.Loop(node.var, node.start, node.cond, node.step,
+                            visit(node.body, (*outer, node.var)))
+        return node
+    return visit(root, ()), found
+
+
+def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
+               bounds: dict[Symbol, int]) -> bool:
+    """An innermost ``range`` loop whose statements are device ops with static shapes and
+    point-independent params, merges and frees."""
+    if ast.range_stop(loop) is None:
+        return False
+    body = list(_flatten(loop.body, guarded=False))
+    if body is None or any(item is None for item in body):
+        return False
+    execs = [statements[s.name].op for s, _ in body
+             if statements[s.name].kind == "exec" and statements[s.name].op.kind not in POINT_OPS]
+    return any(op.kind != "merge" for op in execs) and all(
+        _device_op(op, graph, bounds) for op in execs)
+
+
+def _flatten(node: ast.Node, guarded: bool) -> Any:
+    """The body's statements in order, each with whether a condition guards it; ``None``
+    entries mark what a lowered loop cannot hold (nested loops)."""
+    if isinstance(node, ast.Stmt):
+        yield node, guarded
+    elif isinstance(node, ast.Seq):
+        for child in node.body:
+            yield from _flatten(child, guarded)
+    elif isinstance(node, ast.If):
+        yield from _flatten(node.then, True)
+        if node.orelse is not None:
+            yield from _flatten(node.orelse, True)
+    else:
+        yield None
+
+
+def _device_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
+    if op.kind == "merge":
+        return has_static_shapes(op, graph.in_edges(op), set(bounds))
+    return (not op.definition.host and op.kind != "sum_readers"
+            and not (param_symbols(op.params) & set(op.domain))
+            and has_static_shapes(op, graph.in_edges(op), set(bounds)))
+
+
+def _guarded_items(node: ast.Node, guard: tuple = ()) -> list[tuple[ast.Stmt, tuple]]:
+    """The body's statements with the conditions (expressions) that guard each."""
+    if isinstance(node, ast.Stmt):
+        return [(node, guard)]
+    if isinstance(node, ast.Seq):
+        return [item for c in node.body for item in _guarded_items(c, guard)]
+    assert isinstance(node, ast.If)
+    items = _guarded_items(node.then, (*guard, node.cond))
+    if node.orelse is not None:
+        items += _guarded_items(node.orelse, (*guard, ~node.cond))
+    return items
+
+
+# ---- the plan of one entry ---------------------------------------------------------------
+@dataclass(frozen=True)
+class _Slot:
+    """Where input ``k`` of a body op comes from: ``body`` (made earlier in the same
+    iteration), ``carry`` (made in the previous one), ``const`` (a stored value, the same
+    in every iteration), ``stacked`` (a stored value per iteration) or ``unused`` (a merge
+    branch that no iteration of this entry takes)."""
+
+    kind: str
+    key: Any = None  # (op id, output) for body/carry; the input's number for const/stacked
+
+
+@dataclass
+class _Plan:
+    """One entry into the loop, every read resolved: the structure (which decides the
+    traced function) and the values to run it with."""
+
+    slots: tuple[tuple[_Slot, ...], ...]      # per exec of the body, per input
+    carries: tuple[tuple[int, int], ...]       # outputs read one iteration later
+    exported: tuple[tuple[int, int], ...]      # outputs written to their stores afterwards
+    consts: list[Any]
+    stacked: list[Any]
+    branches: list[np.ndarray]                 # per merge of the body: the branch per iteration
+    carry_init: dict[tuple[int, int], Any]
+    kept: dict[int, list[tuple[int, tuple]]]   # op id -> (iteration, point) it makes and the loop keeps
+    frees: list[tuple[Op, tuple]]              # frees of points made before the loop
+
+    @property
+    def signature(self) -> tuple:
+        return self.slots, self.carries, self.exported, len(self.branches)
+
+
+class _Unlowerable(Exception):
+    """This entry's reads do not fit a scan; the message says why."""
+
+
+Slots = tuple[tuple[_Slot, ...], ...]
+
+
+def _resolve_reads(execs: list[tuple[Op, list[Edge]]], reads: dict[tuple[int, int], list],
+                   stores: dict, stack: Callable[[list[Any]], Any]) -> tuple[Slots, list, list, dict]:
+    """Each input's slot, the stored values the scan reads, and the carries' initial values.
+
+    ``reads[(position, input)]`` holds, per iteration, ``None`` (not read) or
+    ``(edge, point, source)`` with ``source`` ``"body"``, ``"carry"`` or ``"store"``."""
+    consts: list[Any] = []
+    stacked: list[Any] = []
+    init: dict[tuple[int, int], Any] = {}
+    slots = []
+    for pos, (op, edges) in enumerate(execs):
+        row = []
+        for k in range(len(edges)):
+            seen = reads[(pos, k)]
+            active = [(n, r) for n, r in enumerate(seen) if r is not None]
+            if not active:
+                row.append(_Slot("unused"))
+                continue
+            edge = active[0][1][0]
+            key = (edge.src.id, edge.src_out)
+            sources = {r[2] for n, r in active if n > 0 or r[2] != "store"}
+            first_from_store = active[0][0] == 0 and active[0][1][2] == "store"
+            read = stores[key].reader(False)
+            if sources <= {"store"} and (sources or first_from_store):
+                values = {r[1] for _, r in active}
+                if len(values) == 1:
+                    consts.append(read(active[0][1][1]))
+                    row.append(_Slot("const", len(consts) - 1))
+                else:
+                    whole = getattr(stores[key], "stacked", lambda _: None)(
+                        [r[1] for r in seen] if len(active) == len(seen) else [])
+                    stacked.append(whole if whole is not None else
+                                   stack([read(r[1]) if r is not None else None for r in seen]))
+                    row.append(_Slot("stacked", len(stacked) - 1))
+            elif sources == {"body"} and not first_from_store:
+                row.append(_Slot("body", key))
+            elif sources == {"carry"}:
+                if first_from_store:
+                    value = read(active[0][1][1])
+                    if key in init and init[key] is not value:
+                        raise _Unlowerable(f"{op.name} starts from two stored values of {edge.src.name}")
+                    init[key] = value
+                row.append(_Slot("carry", key))
+            else:
+                raise _Unlowerable(f"{op.name} reads {edge.src.name} from {sorted(sources)}")
+        slots.append(tuple(row))
+    return tuple(slots), consts, stacked, init
+
+
+
+
+# ---- running a loop ----------------------------------------------------------------------
+class LoopLauncher:
+    """Runs one lowerable loop (statement ``L<k>``) at its outer counters, in the form its
+    policy chooses; ``namespace`` holds the statements the interpreted form calls."""
+
+    def __init__(self, loop: ast.Loop, outer: tuple[Symbol, ...], statements: dict[str, Statement],
+                 graph: SDG, stores: dict, bounds: dict[Symbol, int], backend: Any,
+                 namespace: dict[str, Callable], policy: LoopPolicy, choice: LoopChoice):
+        self.loop, self.stores, self.bounds, self.backend = loop, stores, bounds, backend
+        self.namespace, self.policy, self.choice = namespace, policy, choice
+        counters = [*outer, loop.var]
+        self.range = compile_function([loop.start, ast.range_stop(loop)], outer)
+        self.items = [(s.name, statements[s.name], compile_function(s.index, counters),
+                       [compile_function([g], counters) for g in guard])
+                      for s, guard in _guarded_items(loop.body)]
+        self.execs = [(st.op, graph.in_edges(st.op)) for _, st, _, _ in self.items
+                      if st.kind == "exec" and st.op.kind not in POINT_OPS]
+        self.phis = {op.id: [compile_function(e.phi, op.domain, bounds) for e in edges]
+                     for op, edges in self.execs}
+        self.conds = {op.id: [compile_function([e.cond], op.domain, bounds) for e in edges]
+                      for op, edges in self.execs if op.kind == "merge"}
+        self.interpret = _interpreter(loop, [v.name for v in outer])
+        self.traced: dict[tuple, Callable] = {}
+        self._stacker = backend.jax.jit(lambda *xs: backend.jnp.stack(xs))
+        self.timings = 0
+        self.last_form = ""
+
+    def __call__(self, outer: tuple[int, ...]) -> None:
+        start, stop = self.range(*outer)
+        steps = range(start, stop, self.loop.step)
+        form = self._form(len(steps))
+        if form == "lowered":
+            try:
+                plan = self._plan(outer, steps)
+            except _Unlowerable as why:
+                self.choice.fallbacks.append(str(why))
+                form = "interpreted"
+        self.last_form = form
+        begin = time.perf_counter()
+        if form == "lowered":
+            last = self._run_lowered(plan)
+        else:
+            self.interpret(self.namespace, *outer)
+            last = self._last_value(outer, steps)
+        if self.policy.mode == "timed" and self.choice.form is None and len(steps):
+            if last is not None:
+                self.backend.synchronize(last)
+            self._record(form, (time.perf_counter() - begin - self._compiling) / len(steps))
+
+    _compiling = 0.0
+
+    def _form(self, trips: int) -> str:
+        """The form of this entry. ``timed`` interprets the first two entries (the first
+        one warms the body's kernels up) and times the second, times the third lowered,
+        then keeps the faster."""
+        choice = self.choice
+        if self.policy.mode == "interpreted" or trips < self.policy.min_trips or choice.fallbacks:
+            return "interpreted"
+        if self.policy.mode == "lowered":
+            choice.form = "lowered"
+            return "lowered"
+        if choice.form is not None:
+            return choice.form
+        self.timings += 1
+        return "interpreted" if self.timings <= 2 else "lowered"
+
+    def _record(self, form: str, seconds: float) -> None:
+        choice = self.choice
+        if form == "interpreted" and self.timings == 2:
+            choice.interpreted = seconds
+        elif form == "lowered":
+            choice.lowered = seconds
+        if choice.interpreted is not None and choice.lowered is not None:
+            choice.form = "lowered" if choice.lowered < choice.interpreted else "interpreted"
+
+    def _last_value(self, outer: tuple[int, ...], steps: range) -> Any:
+        """The last value the interpreted loop wrote (to wait for it), if it kept it."""
+        if not len(steps):
+            return None
+        for _, st, index, _ in reversed(self.items):
+            if st.kind == "exec":
+                store = self.stores[(st.op.id, 0)]
+                return getattr(store, "data", {}).get(index(*outer, steps[-1]))
+        return None
+
+    # -- lowered -------------------------------------------------------------------------
+    def _plan(self, outer: tuple[int, ...], steps: range) -> _Plan:
+        """Every read of every iteration of this entry, resolved to the iteration that
+        makes it or to a store; raises ``_Unlowerable`` where a scan cannot express it."""
+        made: dict[tuple[int, tuple], tuple[int, int]] = {}  # (op id, point) -> (iteration, position)
+        positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
+        reads: dict[tuple[int, int], list] = {(pos, k): [None] * len(steps)
+                                              for pos, (_, edges) in enumerate(self.execs)
+                                              for k in range(len(edges))}
+        branches = {pos: np.zeros(len(steps), np.int32)
+                    for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"}
+        points: dict[int, list[tuple]] = {op.id: [] for op, _ in self.execs}
+        rows: dict[int, list[int]] = {op.id: [] for op, _ in self.execs}
+        frees: list[tuple[Op, tuple, int]] = []
+        for n, v in enumerate(steps):
+            for name, st, index, guards in self.items:
+                if guards and not all(g(*outer, v)[0] for g in guards):
+                    continue
+                point, op = index(*outer, v), st.op
+                if st.kind == "free":
+                    frees.append((op, point, n))
+                    continue
+                if op.kind in POINT_OPS:  # computed now, read from its store by the scan
+                    self.namespace[name](point)
+                    continue
+                pos = positions[op.id]
+                points[op.id].append(point)
+                rows[op.id].append(n)
+                for k in self._active_inputs(pos, point, branches.get(pos), n):
+                    edge = self.execs[pos][1][k]
+                    read = self.phis[op.id][k](*point)
+                    if any(isinstance(x, slice) for x in read):
+                        raise _Unlowerable(f"{op.name} reads a slice of {edge.src.name}")
+                    source = made.get((edge.src.id, read))
+                    if source is None:
+                        where = "store"
+                    elif source[0] == n and source[1] < pos:
+                        where = "body"
+                    elif source[0] == n - 1:
+                        where = "carry"
+                    else:
+                        raise _Unlowerable(f"{op.name} reads {edge.src.name} of another iteration")
+                    reads[(pos, k)][n] = (edge, read, where)
+                made[(op.id, point)] = (n, pos)
+        slots, consts, stacked, init = _resolve_reads(self.execs, reads, self.stores, self._stack)
+        carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
+        for key in carries:
+            if key not in init:  # read only where another branch is taken at the first iteration
+                out = self.execs[positions[key[0]]][0].outputs[key[1]]
+                init[key] = self.backend.zeros(tuple(int(d.evaluate(self.bounds)) for d in out.shape),
+                                               out.dtype)
+        # Points freed within the loop are never written; frees of points made before it
+        # are done after it.
+        freed = {(op.id, point) for op, point, _ in frees}
+        kept = {op.id: [(n, p) for n, p in zip(rows[op.id], points[op.id]) if (op.id, p) not in freed]
+                for op, _ in self.execs}
+        exported = tuple((op.id, k) for op, _ in self.execs if kept[op.id] for k in range(len(op.outputs)))
+        return _Plan(slots, carries, exported, consts, stacked, list(branches.values()), init,
+                     kept, [(op, p) for op, p, _ in frees if (op.id, p) not in made])
+
+    def _stack(self, values: list[Any]) -> Any:
+        """Per-iteration values as one array (one dispatch); iterations that do not read
+        it get zeros."""
+        like = next(v for v in values if v is not None)
+        zeros = self.backend.zeros(like.shape, like.dtype)
+        return self._stacker(*(zeros if v is None else v for v in values))
+
+    def _active_inputs(self, pos: int, point: tuple, branch: np.ndarray | None, n: int) -> list[int]:
+        """The inputs the body's ``pos``-th op reads at ``point``: all, or a merge's first
+        branch whose condition holds (noted in ``branch``)."""
+        op, edges = self.execs[pos]
+        if branch is None:
+            return list(range(len(edges)))
+        for k, cond in enumerate(self.conds[op.id]):
+            if cond(*point)[0]:
+                branch[n] = k
+                return [k]
+        raise _Unlowerable(f"no branch of {op.name} holds at {point}")
+
+    def _run_lowered(self, plan: _Plan) -> Any:
+        fn = self.traced.get(plan.signature)
+        args = (plan.consts, plan.stacked, plan.branches, plan.carry_init)
+        self._compiling = 0.0
+        if fn is None:
+            begin = time.perf_counter()
+            fn = self.backend.jax.jit(self._scan(plan)).lower(*args).compile()
+            self._compiling = time.perf_counter() - begin
+            self.choice.compile_seconds += self._compiling
+            self.traced[plan.signature] = fn
+        _, outputs = fn(*args)
+        for key, values in zip(plan.exported, outputs):
+            kept = plan.kept[key[0]]
+            self.stores[key].write_rows([p for _, p in kept], values, [n for n, _ in kept])
+        for op, point in plan.frees:
+            for k in range(len(op.outputs)):
+                self.stores[(op.id, k)].free(point)
+        return outputs[-1] if outputs else None
+
+    def _scan(self, plan: _Plan) -> Callable:
+        """The loop as a function of the plan's values, for ``jax.jit``."""
+        jax, xp = self.backend.jax, self.backend.xp
+        slots, carries, exported = plan.slots, plan.carries, plan.exported
+        merges = [pos for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"]
+        kernels = [(op, op.definition.kernel, resolve_params(op.params, self.bounds))
+                   for op, _ in self.execs]
+
+        def run(consts: list, stacked: list, branches: list, init: dict) -> Any:
+            def step(carry: dict, xs: tuple) -> tuple[dict, tuple]:
+                per_step, branch = xs
+                values: dict[tuple[int, int], Any] = {}
+
+                def value(slot: _Slot) -> Any:
+                    if slot.kind == "body":
+                        return values[slot.key]
+                    if slot.kind == "carry":
+                        return carry[slot.key]
+                    return consts[slot.key] if slot.kind == "const" else per_step[slot.key]
+                for pos, (op, kernel, params) in enumerate(kernels):
+                    row = slots[pos]
+                    if op.kind == "merge":
+                        chosen = branch[merges.index(pos)]
+                        taken = [(k, value(s)) for k, s in enumerate(row) if s.kind != "unused"]
+                        out = taken[0][1]
+                        for k, v in taken[1:]:
+                            out = xp.where(chosen == k, v, out)
+                        values[(op.id, 0)] = out
+                        continue
+                    outs = kernel(xp, params, *(value(s) for s in row))
+                    for k, out in enumerate(outs if op.definition.multi_output else (outs,)):
+                        values[(op.id, k)] = out
+                return {key: values[key] for key in carries}, tuple(values[key] for key in exported)
+            return jax.lax.scan(step, init, (stacked, branches))
+        return run
+
+
+def _interpreter(loop: ast.Loop, outer: list[str]) -> Callable[..., None]:
+    """The loop as interpreted Python: ``fn(namespace, *outer counters)``."""
+    def call(stmt: ast.Stmt) -> str:
+        return f"ns[{stmt.name!r}](({''.join(e.to_python() + ', ' for e in stmt.index)}))"
+    source = "\n".join([f"def loop({', '.join(['ns', *outer])}):", *ast.to_python(loop, call, indent=1)])
+    scope: dict[str, Any] = {"min": min, "max": max}
+    exec(compile(source, "<tempo loop>", "exec"), scope)  # noqa: S102 - generated code
+    return scope["loop"]
