@@ -241,8 +241,6 @@ def _resolve_reads(execs: list[tuple[Op, list[Edge]]], reads: dict[tuple[int, in
     return tuple(slots), consts, stacked, init
 
 
-
-
 # ---- running a loop ----------------------------------------------------------------------
 class LoopLauncher:
     """Runs one lowerable loop (statement ``L<k>``) at its outer counters, in the form its
@@ -269,30 +267,29 @@ class LoopLauncher:
         self._stacker = backend.jax.jit(lambda *xs: backend.jnp.stack(xs))
         self.timings = 0
         self.last_form = ""
+        self._compiling = 0.0
 
     def __call__(self, outer: tuple[int, ...]) -> None:
         start, stop = self.range(*outer)
         steps = range(start, stop, self.loop.step)
         form = self._form(len(steps))
+        self._compiling = 0.0
+        begin = time.perf_counter()
+        last = None
         if form == "lowered":
             try:
-                plan = self._plan(outer, steps)
+                last = self._run_lowered(self._plan(outer, steps))
             except _Unlowerable as why:
                 self.choice.fallbacks.append(str(why))
                 form = "interpreted"
         self.last_form = form
-        begin = time.perf_counter()
-        if form == "lowered":
-            last = self._run_lowered(plan)
-        else:
+        if form == "interpreted":
             self.interpret(self.namespace, *outer)
             last = self._last_value(outer, steps)
         if self.policy.mode == "timed" and self.choice.form is None and len(steps):
             if last is not None:
                 self.backend.synchronize(last)
             self._record(form, (time.perf_counter() - begin - self._compiling) / len(steps))
-
-    _compiling = 0.0
 
     def _form(self, trips: int) -> str:
         """The form of this entry. ``timed`` interprets the first two entries (the first
@@ -410,10 +407,12 @@ class LoopLauncher:
     def _run_lowered(self, plan: _Plan) -> Any:
         fn = self.traced.get(plan.signature)
         args = (plan.consts, plan.stacked, plan.branches, plan.carry_init)
-        self._compiling = 0.0
         if fn is None:
             begin = time.perf_counter()
-            fn = self.backend.jax.jit(self._scan(plan)).lower(*args).compile()
+            try:
+                fn = self.backend.jax.jit(self._scan(plan)).lower(*args).compile()
+            except Exception as err:  # a kernel that does not trace inside a scan
+                raise _Unlowerable(f"the scan did not compile: {type(err).__name__}: {err}") from err
             self._compiling = time.perf_counter() - begin
             self.choice.compile_seconds += self._compiling
             self.traced[plan.signature] = fn

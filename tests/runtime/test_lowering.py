@@ -1,0 +1,113 @@
+"""Loop lowering (tempo.runtime.lowering): loops run as one ``lax.scan`` compute what the
+reference evaluator computes, and the timed policy measures both forms."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.reference import evaluate
+
+
+def _recurrences():
+    """Over (i, t): a recurrence over t restarted every i, a two-branch placeholder and a
+    symbol read, so the t loop has a carry, merges and a point op."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(np.linspace(-1, 1, 60, dtype=np.float32).reshape(3, 20))[i, t]
+        s = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
+        s[i, 0] = x[i, 0]
+        s[i, t + 1] = (s * 0.5 + x[i, t + 1]).tanh()
+        c = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
+        c[t % 3 == 0] = s * 2.0
+        c[True] = s + tp.symbol_value(t).astype("float32")
+    return ctx, {I: 3, T: 20}, [s, c]
+
+
+def _check(exe, ctx, bounds, outputs):
+    res = exe.run()
+    ref = evaluate(ctx, bounds, outputs)
+    for rt in outputs:
+        np.testing.assert_allclose(res[rt], ref[rt.key], rtol=1e-6, atol=1e-6)
+
+
+def test_a_lowered_loop_computes_what_the_reference_does():
+    ctx, bounds, outputs = _recurrences()
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered"))
+    _check(exe, ctx, bounds, outputs)
+    lowered = [c for c in exe.loop_choices.values() if c.form == "lowered" and not c.fallbacks]
+    assert lowered, [str(c) for c in exe.loop_choices.values()]
+
+
+def test_timed_policy_measures_both_forms_then_keeps_one():
+    ctx, bounds, outputs = _recurrences()
+    exe = ctx.compile(bounds, outputs, backend="jax")  # timed is the default
+    assert exe.loops.mode == "timed"
+    _check(exe, ctx, bounds, outputs)
+    # The t loop is entered once per i (3 times): a warm-up, then one timed entry per form.
+    timed = [c for c in exe.loop_choices.values() if c.interpreted is not None and c.lowered is not None]
+    assert timed, [str(c) for c in exe.loop_choices.values()]
+    for choice in timed:
+        assert choice.form == ("lowered" if choice.lowered < choice.interpreted else "interpreted")
+        assert "per iteration" in str(choice)
+
+
+def test_interpreted_policy_and_numpy_backend_lower_nothing():
+    ctx, bounds, outputs = _recurrences()
+    assert not ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("interpreted")).loop_choices
+    assert not ctx.compile(bounds, outputs, backend="numpy").loop_choices
+
+
+def test_loops_holding_host_udfs_stay_interpreted():
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    seen = []
+    with ctx:
+        s = tp.placeholder(shape=(), dtype="float32", domain=(t,))
+        s[0] = tp.const(np.float32(1.0))
+        s[t + 1] = s * 0.5
+        tp.sink(s, lambda value, point: seen.append((point["t"], float(value))))
+    exe = ctx.compile({T: 8}, [s], backend="jax", loops=tp.LoopPolicy("lowered"))
+    exe.run()
+    assert [v for _, v in sorted(seen)] == [0.5 ** k for k in range(8)]
+    sink_names = {name for name, st in exe.schedule.statements.items() if st.op.kind == "udf"}
+    for choice in exe.loop_choices.values():
+        assert not sink_names & set(choice.statements)
+
+
+def test_lowering_keeps_the_execution_order_and_profiles_the_loop():
+    ctx, bounds, outputs = _recurrences()
+    lowered = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered"))
+    plain = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("interpreted"))
+    names = [(kind, op.name, p) for kind, op, p in lowered.execution_order()]
+    assert names == [(kind, op.name, p) for kind, op, p in plain.execution_order()]
+    profile = tp.RunProfile()
+    lowered.run(profile=profile)
+    loops = {name: t for (kind, name), t in profile.ops.items() if kind == "loop"}
+    assert loops and all(t.calls >= 1 for t in loops.values())
+    assert max(t.calls for t in loops.values()) == bounds[ctx.bounds[0]]  # the t loop, once per i
+
+
+def test_unknown_loop_mode_is_named():
+    with pytest.raises(ValueError, match="unknown loop mode 'fast'"):
+        tp.LoopPolicy("fast")
+
+
+@pytest.mark.parametrize("env", ["synthetic"])
+def test_ppo_trains_the_same_with_lowered_and_interpreted_loops(env, tmp_path: pathlib.Path):
+    """PPO's acting, GAE and shuffle loops lowered: the same losses as interpreted."""
+    from tempo_rl.config import load_config
+    from tempo_rl.train import train
+    histories = {}
+    for mode in ("lowered", "interpreted"):
+        cfg = load_config(f"env={env}", "env.num_envs=4", "algorithm.num_steps=16",
+                          "total_timesteps=192", "backend=jax", f"loops={mode}", "progress=false")
+        cfg["logger"] = {**cfg.get("logger", {}), "wandb": {"enabled": False}}
+        result = train(cfg, tmp_path / mode, progress=False)
+        histories[mode] = result.history
+    assert len(histories["lowered"]) == 3
+    for a, b in zip(histories["lowered"], histories["interpreted"]):
+        for name in ("losses/policy_loss", "losses/value_loss", "losses/entropy"):
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-6, err_msg=name)
