@@ -11,13 +11,19 @@ and the values read after the loop come out stacked and are written to their sto
 The plan is made from the concrete points of each entry into the loop (its outer loop
 counters are known then): every read is resolved to the iteration that produced it, or
 to a store when no iteration did, so a lowered loop reads exactly what the interpreted
-one would. Loops whose reads do not fit (slices of values made in the loop, reads more
-than one iteration back, producers of the current iteration that run later in the body)
-are interpreted as before.
+one would. Point ops (``symbol_value``, the coordinates random draws are keyed by) run on
+the host while the plan is made; the scan reads their values. Where reads do not fit
+(slices of values made in the loop, reads more than one iteration back) or the scan does
+not compile, the loop is interpreted from then on, and ``LoopChoice.fallbacks`` says why.
 
-``LoopPolicy.mode`` chooses per loop: ``"timed"`` (the default) interprets the first
-entry and runs the second lowered, timing each (the XLA compile excluded), and keeps the
-faster form for the rest of the run; ``"lowered"`` and ``"interpreted"`` force a form.
+``LoopPolicy.mode`` chooses per loop: ``"timed"`` (the default) interprets the first two
+entries (timing the second, whose kernels are compiled by then), runs the third lowered
+(timed without the XLA compile), and keeps the faster form for the rest of the run;
+``"lowered"`` and ``"interpreted"`` force a form. Both forms run the same kernels, but
+XLA may fuse them differently inside a scan, so results can differ in the last bits
+between the forms (PPO on gymnax CartPole: losses equal to 1e-7). ``timed`` lowers a loop
+only when that is clearly faster (``margin``), so close calls do not flip between runs;
+force a form where runs must be bitwise reproducible on JAX.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ class LoopPolicy:
     ``lowered``: always one ``lax.scan`` where the loop allows it; ``interpreted``: never."""
     min_trips: int = 4
     """Entries with fewer iterations than this are interpreted (a scan would not pay)."""
+    margin: float = 0.2
+    """``timed`` keeps the lowered form only when it is at least this much faster (a
+    share of the interpreted time): close calls, which timing noise could decide either
+    way from one run to the next, stay interpreted."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -313,7 +323,8 @@ class LoopLauncher:
         elif form == "lowered":
             choice.lowered = seconds
         if choice.interpreted is not None and choice.lowered is not None:
-            choice.form = "lowered" if choice.lowered < choice.interpreted else "interpreted"
+            faster = choice.lowered < (1.0 - self.policy.margin) * choice.interpreted
+            choice.form = "lowered" if faster else "interpreted"
 
     def _last_value(self, outer: tuple[int, ...], steps: range) -> Any:
         """The last value the interpreted loop wrote (to wait for it), if it kept it."""
