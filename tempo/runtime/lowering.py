@@ -17,8 +17,9 @@ the host while the plan is made; the scan reads their values. Where reads do not
 not compile, the loop is interpreted from then on, and ``LoopChoice.fallbacks`` says why.
 
 ``LoopPolicy.mode`` chooses per loop: ``"timed"`` (the default) interprets the first two
-entries (timing the second, whose kernels are compiled by then), runs the third lowered
-(timed without the XLA compile), and keeps the faster form for the rest of the run;
+entries and runs the next two lowered, timing the second of each (the first ones compile
+kernels, the scan and the stacking of its inputs), and keeps the faster form for the rest
+of the run;
 ``"lowered"`` and ``"interpreted"`` force a form. Both forms run the same kernels, but
 XLA may fuse them differently inside a scan, so results can differ in the last bits
 between the forms (PPO on gymnax CartPole: losses equal to 1e-7). ``timed`` lowers a loop
@@ -42,6 +43,8 @@ from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Symbol, compile_function
 
 MODES = ("timed", "lowered", "interpreted")
+WARM_ENTRIES = 2
+"""Entries of each form ``timed`` runs before it times one (the earlier ones compile)."""
 POINT_OPS = ("eval_symbol", "coords")
 """Host ops without inputs whose value is a function of the point: a lowered loop runs
 them on the host, for every iteration, before its scan, which reads their values."""
@@ -274,7 +277,6 @@ class LoopLauncher:
                       for op, edges in self.execs if op.kind == "merge"}
         self.interpret = _interpreter(loop, [v.name for v in outer])
         self.traced: dict[tuple, Callable] = {}
-        self._stacker = backend.jax.jit(lambda *xs: backend.jnp.stack(xs))
         self.timings = 0
         self.last_form = ""
         self._compiling = 0.0
@@ -284,6 +286,9 @@ class LoopLauncher:
         steps = range(start, stop, self.loop.step)
         form = self._form(len(steps))
         self._compiling = 0.0
+        timing = self.policy.mode == "timed" and self.choice.form is None and len(steps) > 0
+        if timing:  # charge neither form with device work dispatched before the loop
+            self._wait_for_stores()
         begin = time.perf_counter()
         last = None
         if form == "lowered":
@@ -296,15 +301,15 @@ class LoopLauncher:
         if form == "interpreted":
             self.interpret(self.namespace, *outer)
             last = self._last_value(outer, steps)
-        if self.policy.mode == "timed" and self.choice.form is None and len(steps):
+        if timing:
             if last is not None:
                 self.backend.synchronize(last)
             self._record(form, (time.perf_counter() - begin - self._compiling) / len(steps))
 
     def _form(self, trips: int) -> str:
-        """The form of this entry. ``timed`` interprets the first two entries (the first
-        one warms the body's kernels up) and times the second, times the third lowered,
-        then keeps the faster."""
+        """The form of this entry. ``timed`` runs two entries of each form and times the
+        second of each (the first compiles: the body's kernels, the scan, the stacking of
+        its inputs), then keeps the lowered form if it was clearly faster."""
         choice = self.choice
         if self.policy.mode == "interpreted" or trips < self.policy.min_trips or choice.fallbacks:
             return "interpreted"
@@ -314,17 +319,23 @@ class LoopLauncher:
         if choice.form is not None:
             return choice.form
         self.timings += 1
-        return "interpreted" if self.timings <= 2 else "lowered"
+        return "interpreted" if self.timings <= WARM_ENTRIES else "lowered"
 
     def _record(self, form: str, seconds: float) -> None:
         choice = self.choice
-        if form == "interpreted" and self.timings == 2:
+        if self.timings == WARM_ENTRIES:
             choice.interpreted = seconds
-        elif form == "lowered":
+        elif self.timings == 2 * WARM_ENTRIES:
             choice.lowered = seconds
         if choice.interpreted is not None and choice.lowered is not None:
             faster = choice.lowered < (1.0 - self.policy.margin) * choice.interpreted
             choice.form = "lowered" if faster else "interpreted"
+
+    def _wait_for_stores(self) -> None:
+        """Wait for every stored device value (block stores are host memory)."""
+        points = [store.data for store in self.stores.values() if hasattr(store, "data")]
+        self.backend.synchronize([[*data.values(), *(v for v, _ in data.rows.values())]
+                                  for data in points])
 
     def _last_value(self, outer: tuple[int, ...], steps: range) -> Any:
         """The last value the interpreted loop wrote (to wait for it), if it kept it."""
@@ -397,11 +408,10 @@ class LoopLauncher:
                      kept, [(op, p) for op, p, _ in frees if (op.id, p) not in made])
 
     def _stack(self, values: list[Any]) -> Any:
-        """Per-iteration values as one array (one dispatch); iterations that do not read
-        it get zeros."""
+        """Per-iteration values as one array; iterations that do not read it get zeros."""
         like = next(v for v in values if v is not None)
         zeros = self.backend.zeros(like.shape, like.dtype)
-        return self._stacker(*(zeros if v is None else v for v in values))
+        return self.backend.stack([zeros if v is None else v for v in values])
 
     def _active_inputs(self, pos: int, point: tuple, branch: np.ndarray | None, n: int) -> list[int]:
         """The inputs the body's ``pos``-th op reads at ``point``: all, or a merge's first

@@ -110,17 +110,21 @@ class PointStore:
         count.peak = max(count.peak, count.now)
 
     def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
-        """The values at ``points`` as one array when they are consecutive rows of one
-        stacked array still waiting to be read (else None)."""
+        """The values at ``points`` as one array when they are all rows of one stacked
+        array still waiting to be read (one slice or gather instead of a dispatch per
+        point), else None."""
         first = self.data.rows.get(points[0]) if points else None
         if first is None:
             return None
-        values, start = first
-        for n, point in enumerate(points):
+        values, rows = first[0], []
+        for point in points:
             entry = self.data.rows.get(point)
-            if entry is None or entry[0] is not values or entry[1] != start + n:
+            if entry is None or entry[0] is not values:
                 return None
-        return values if start == 0 and len(points) == values.shape[0] else values[start:start + len(points)]
+            rows.append(entry[1])
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            return values if len(rows) == values.shape[0] else values[rows[0]:rows[0] + len(rows)]
+        return values[np.asarray(rows)]
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         """The read function for an edge: point reads are a plain dict lookup."""

@@ -16,14 +16,14 @@ def _recurrences():
     ctx = tp.Context(dims=("i", "t"))
     (i, t), (I, T) = ctx.dims, ctx.bounds
     with ctx:
-        x = tp.const(np.linspace(-1, 1, 60, dtype=np.float32).reshape(3, 20))[i, t]
+        x = tp.const(np.linspace(-1, 1, 80, dtype=np.float32).reshape(4, 20))[i, t]
         s = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
         s[i, 0] = x[i, 0]
         s[i, t + 1] = (s * 0.5 + x[i, t + 1]).tanh()
         c = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
         c[t % 3 == 0] = s * 2.0
         c[True] = s + tp.symbol_value(t).astype("float32")
-    return ctx, {I: 3, T: 20}, [s, c]
+    return ctx, {I: 4, T: 20}, [s, c]
 
 
 def _check(exe, ctx, bounds, outputs):
@@ -46,7 +46,7 @@ def test_timed_policy_measures_both_forms_then_keeps_one():
     exe = ctx.compile(bounds, outputs, backend="jax")  # timed is the default
     assert exe.loops.mode == "timed"
     _check(exe, ctx, bounds, outputs)
-    # The t loop is entered once per i (3 times): a warm-up, then one timed entry per form.
+    # The t loop is entered once per i (4 times): two entries per form, the second timed.
     timed = [c for c in exe.loop_choices.values() if c.interpreted is not None and c.lowered is not None]
     assert timed, [str(c) for c in exe.loop_choices.values()]
     for choice in timed:
