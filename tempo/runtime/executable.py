@@ -23,7 +23,7 @@ from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
 from tempo.passes import PassState, run_pipeline
 from tempo.runtime.backends import make_backend
-from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, lower_loops
+from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, lower_loops, statement_names
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
@@ -96,7 +96,7 @@ class Executable:
         self._lowered: dict[str, tuple[ast.Loop, tuple[Symbol, ...]]] = {}
         if backend.name == "jax" and self.loops.mode != "interpreted":
             root, self._lowered = lower_loops(root, schedule.statements, graph, bounds)
-        self.loop_choices = {name: LoopChoice(name, sorted(_statement_names(loop)))
+        self.loop_choices = {name: LoopChoice(name, statement_names(loop))
                              for name, (loop, _) in self._lowered.items()}
         """Per lowerable loop: its statements, the timings and the form the runs chose
         (``tempo.runtime.lowering``)."""
@@ -229,16 +229,6 @@ def _program_source(root: ast.Node, statements: Collection[str]) -> str:
         "    if True:",
         *body,
     ])
-
-
-def _statement_names(node: ast.Node) -> set[str]:
-    if isinstance(node, ast.Stmt):
-        return {node.name}
-    if isinstance(node, ast.Seq):
-        return set().union(*(_statement_names(c) for c in node.body))
-    if isinstance(node, ast.If):
-        return _statement_names(node.then) | (_statement_names(node.orelse) if node.orelse else set())
-    return _statement_names(node.body)
 
 
 def _compile_source(source: str) -> Callable[[dict], None]:

@@ -117,32 +117,16 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
 def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
                bounds: dict[Symbol, int]) -> bool:
     """An innermost ``range`` loop whose statements are device ops with static shapes and
-    point-independent params, merges and frees."""
+    point-independent params, merges, point ops and frees."""
     if ast.range_stop(loop) is None:
         return False
-    body = list(_flatten(loop.body, guarded=False))
-    if body is None or any(item is None for item in body):
+    body = [node for node, _ in _guarded_items(loop.body)]
+    if any(isinstance(node, ast.Loop) for node in body):
         return False
-    execs = [statements[s.name].op for s, _ in body
+    execs = [statements[s.name].op for s in body
              if statements[s.name].kind == "exec" and statements[s.name].op.kind not in POINT_OPS]
     return any(op.kind != "merge" for op in execs) and all(
         _device_op(op, graph, bounds) for op in execs)
-
-
-def _flatten(node: ast.Node, guarded: bool) -> Any:
-    """The body's statements in order, each with whether a condition guards it; ``None``
-    entries mark what a lowered loop cannot hold (nested loops)."""
-    if isinstance(node, ast.Stmt):
-        yield node, guarded
-    elif isinstance(node, ast.Seq):
-        for child in node.body:
-            yield from _flatten(child, guarded)
-    elif isinstance(node, ast.If):
-        yield from _flatten(node.then, True)
-        if node.orelse is not None:
-            yield from _flatten(node.orelse, True)
-    else:
-        yield None
 
 
 def _device_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
@@ -153,9 +137,10 @@ def _device_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
             and has_static_shapes(op, graph.in_edges(op), set(bounds)))
 
 
-def _guarded_items(node: ast.Node, guard: tuple = ()) -> list[tuple[ast.Stmt, tuple]]:
-    """The body's statements with the conditions (expressions) that guard each."""
-    if isinstance(node, ast.Stmt):
+def _guarded_items(node: ast.Node, guard: tuple = ()) -> list[tuple[Any, tuple]]:
+    """The statements and loops of a loop body, in order, each with the conditions
+    (expressions) that guard it."""
+    if isinstance(node, (ast.Stmt, ast.Loop)):
         return [(node, guard)]
     if isinstance(node, ast.Seq):
         return [item for c in node.body for item in _guarded_items(c, guard)]
@@ -164,6 +149,11 @@ def _guarded_items(node: ast.Node, guard: tuple = ()) -> list[tuple[ast.Stmt, tu
     if node.orelse is not None:
         items += _guarded_items(node.orelse, (*guard, ~node.cond))
     return items
+
+
+def statement_names(loop: ast.Loop) -> list[str]:
+    """The statements of a lowerable loop's body."""
+    return sorted(node.name for node, _ in _guarded_items(loop.body))
 
 
 # ---- the plan of one entry ---------------------------------------------------------------
