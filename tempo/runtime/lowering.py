@@ -117,7 +117,7 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
 def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
                bounds: dict[Symbol, int]) -> bool:
     """An innermost ``range`` loop whose statements are device ops with static shapes and
-    point-independent params, merges, point ops and frees."""
+    point-independent params that read points (not slices), merges, point ops and frees."""
     if ast.range_stop(loop) is None:
         return False
     body = [node for node, _ in _guarded_items(loop.body)]
@@ -126,7 +126,7 @@ def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
     execs = [statements[s.name].op for s in body
              if statements[s.name].kind == "exec" and statements[s.name].op.kind not in POINT_OPS]
     return any(op.kind != "merge" for op in execs) and all(
-        _device_op(op, graph, bounds) for op in execs)
+        _device_op(op, graph, bounds) and not any(e.slices for e in graph.in_edges(op)) for op in execs)
 
 
 def _device_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
@@ -224,8 +224,11 @@ def _resolve_reads(execs: list[tuple[Op, list[Edge]]], reads: dict[tuple[int, in
                     consts.append(read(active[0][1][1]))
                     row.append(_Slot("const", len(consts) - 1))
                 else:
+                    # Iterations that do not read it (a merge branch not taken) reuse a point
+                    # that is read: the value is not used there.
+                    filler = active[0][1][1]
                     whole = getattr(stores[key], "stacked", lambda _: None)(
-                        [r[1] for r in seen] if len(active) == len(seen) else [])
+                        [filler if r is None else r[1] for r in seen])
                     stacked.append(whole if whole is not None else
                                    stack([read(r[1]) if r is not None else None for r in seen]))
                     row.append(_Slot("stacked", len(stacked) - 1))
@@ -368,8 +371,6 @@ class LoopLauncher:
                 for k in self._active_inputs(pos, point, branches.get(pos), n):
                     edge = self.execs[pos][1][k]
                     read = self.phis[op.id][k](*point)
-                    if any(isinstance(x, slice) for x in read):
-                        raise _Unlowerable(f"{op.name} reads a slice of {edge.src.name}")
                     source = made.get((edge.src.id, read))
                     if source is None:
                         where = "store"
