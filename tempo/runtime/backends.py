@@ -38,7 +38,6 @@ class NumpyBackend:
     def synchronize(self, value: Any) -> None:
         """NumPy computes eagerly: nothing to wait for."""
 
-
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return np.zeros(shape, dtype)
 

@@ -98,6 +98,8 @@ class Executable:
             root, self._lowered = lower_loops(root, schedule.statements, graph, bounds)
         self.loop_choices = {name: LoopChoice(name, statement_names(loop))
                              for name, (loop, _) in self._lowered.items()}
+        self._scans: dict[str, dict] = {name: {} for name in self._lowered}
+        """Each lowerable loop's compiled scans (by plan signature), kept across runs."""
         """Per lowerable loop: its statements, the timings and the form the runs chose
         (``tempo.runtime.lowering``)."""
         self.source = _program_source(root, [*schedule.statements, *self._lowered])
@@ -126,7 +128,7 @@ class Executable:
         for name, (loop, outer) in self._lowered.items():
             launch = LoopLauncher(loop, outer, self.schedule.statements, self.graph, stores,
                                   self.bounds, self.backend, namespace, self.loops,
-                                  self.loop_choices[name])
+                                  self.loop_choices[name], self._scans[name])
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
         self._program(namespace)
         return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})

@@ -14,7 +14,8 @@ to a store when no iteration did, so a lowered loop reads exactly what the inter
 one would. Point ops (``symbol_value``, the coordinates random draws are keyed by) run on
 the host while the plan is made; the scan reads their values. Where reads do not fit
 (slices of values made in the loop, reads more than one iteration back) or the scan does
-not compile, the loop is interpreted from then on, and ``LoopChoice.fallbacks`` says why.
+not compile, the loop is interpreted from then on (in the executable's later runs too),
+and ``LoopChoice.fallbacks`` says why.
 
 ``LoopPolicy.mode`` chooses per loop: ``"timed"`` (the default) interprets the first two
 entries and runs the next two lowered, timing the second of each (the first ones compile
@@ -38,6 +39,7 @@ import numpy as np
 
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes
 from tempo.ir.ops import param_symbols, resolve_params
+from tempo.runtime.stores import BlockStore
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Symbol, compile_function
@@ -162,7 +164,8 @@ class _Slot:
     """Where input ``k`` of a body op comes from: ``body`` (made earlier in the same
     iteration), ``carry`` (made in the previous one), ``const`` (a stored value, the same
     in every iteration), ``stacked`` (a stored value per iteration) or ``unused`` (a merge
-    branch that no iteration of this entry takes)."""
+    branch that no iteration of this entry takes, or any input of an op that does not run
+    in this entry: the scan skips such ops)."""
 
     kind: str
     key: Any = None  # (op id, output) for body/carry; the input's number for const/stacked
@@ -180,12 +183,15 @@ class _Plan:
     stacked: list[Any]
     branches: list[np.ndarray]                 # per merge of the body: the branch per iteration
     carry_init: dict[tuple[int, int], Any]
-    kept: dict[int, list[tuple[int, tuple]]]   # op id -> (iteration, point) it makes and the loop keeps
+    trips: int
+    runs: tuple[bool, ...]                     # per exec of the body: whether it runs in this entry
+    made: dict[int, list[tuple[int, tuple]]]   # op id -> (iteration, point) it makes
+    freed: set[tuple[int, tuple]]              # (op id, point) made and freed within the loop
     frees: list[tuple[Op, tuple]]              # frees of points made before the loop
 
     @property
     def signature(self) -> tuple:
-        return self.slots, self.carries, self.exported, len(self.branches)
+        return self.slots, self.carries, self.exported, len(self.branches), self.trips, self.runs
 
 
 class _Unlowerable(Exception):
@@ -204,6 +210,7 @@ def _resolve_reads(execs: list[tuple[Op, list[Edge]]], reads: dict[tuple[int, in
     consts: list[Any] = []
     stacked: list[Any] = []
     init: dict[tuple[int, int], Any] = {}
+    init_points: dict[tuple[int, int], tuple] = {}
     slots = []
     for pos, (op, edges) in enumerate(execs):
         row = []
@@ -236,10 +243,10 @@ def _resolve_reads(execs: list[tuple[Op, list[Edge]]], reads: dict[tuple[int, in
                 row.append(_Slot("body", key))
             elif sources == {"carry"}:
                 if first_from_store:
-                    value = read(active[0][1][1])
-                    if key in init and init[key] is not value:
-                        raise _Unlowerable(f"{op.name} starts from two stored values of {edge.src.name}")
-                    init[key] = value
+                    point = active[0][1][1]
+                    if init_points.setdefault(key, point) != point:
+                        raise _Unlowerable(f"{op.name} starts from two stored points of {edge.src.name}")
+                    init[key] = read(point)
                 row.append(_Slot("carry", key))
             else:
                 raise _Unlowerable(f"{op.name} reads {edge.src.name} from {sorted(sources)}")
@@ -254,7 +261,8 @@ class LoopLauncher:
 
     def __init__(self, loop: ast.Loop, outer: tuple[Symbol, ...], statements: dict[str, Statement],
                  graph: SDG, stores: dict, bounds: dict[Symbol, int], backend: Any,
-                 namespace: dict[str, Callable], policy: LoopPolicy, choice: LoopChoice):
+                 namespace: dict[str, Callable], policy: LoopPolicy, choice: LoopChoice,
+                 traced: dict[tuple, Callable]):
         self.loop, self.stores, self.bounds, self.backend = loop, stores, bounds, backend
         self.namespace, self.policy, self.choice = namespace, policy, choice
         counters = [*outer, loop.var]
@@ -269,56 +277,57 @@ class LoopLauncher:
         self.conds = {op.id: [compile_function([e.cond], op.domain, bounds) for e in edges]
                       for op, edges in self.execs if op.kind == "merge"}
         self.interpret = _interpreter(loop, [v.name for v in outer])
-        self.traced: dict[tuple, Callable] = {}
+        self.traced = traced
+        """Compiled scans by plan signature, shared by the executable's runs."""
+        self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
         self.timings = 0
         self.last_form = ""
+        self.last_outputs: Any = None
         self._compiling = 0.0
 
     def __call__(self, outer: tuple[int, ...]) -> None:
         start, stop = self.range(*outer)
         steps = range(start, stop, self.loop.step)
-        form = self._form(len(steps))
+        form, timed = self._form(len(steps))
         self._compiling = 0.0
-        timing = self.policy.mode == "timed" and self.choice.form is None and len(steps) > 0
-        if timing:  # charge neither form with device work dispatched before the loop
+        if timed:  # charge neither form with device work dispatched before the loop
             self._wait_for_stores()
         begin = time.perf_counter()
-        last = None
         if form == "lowered":
             try:
-                last = self._run_lowered(self._plan(outer, steps))
+                self._run_lowered(self._plan(outer, steps))
             except _Unlowerable as why:
                 self.choice.fallbacks.append(str(why))
                 form = "interpreted"
         self.last_form = form
         if form == "interpreted":
             self.interpret(self.namespace, *outer)
-            last = self._last_value(outer, steps)
-        if timing:
-            if last is not None:
-                self.backend.synchronize(last)
+        if timed:
+            self._wait_for_stores()
             self._record(form, (time.perf_counter() - begin - self._compiling) / len(steps))
 
-    def _form(self, trips: int) -> str:
-        """The form of this entry. ``timed`` runs two entries of each form and times the
-        second of each (the first compiles: the body's kernels, the scan, the stacking of
-        its inputs), then keeps the lowered form if it was clearly faster."""
+    def _form(self, trips: int) -> tuple[str, bool]:
+        """The form of this entry, and whether it is timed. ``timed`` runs two entries of
+        each form and times the second of each (the first compiles: the body's kernels,
+        the scan, the stacking of its inputs), then keeps the lowered form if it was
+        clearly faster."""
         choice = self.choice
         if self.policy.mode == "interpreted" or trips < self.policy.min_trips or choice.fallbacks:
-            return "interpreted"
+            return "interpreted", False
         if self.policy.mode == "lowered":
             choice.form = "lowered"
-            return "lowered"
+            return "lowered", False
         if choice.form is not None:
-            return choice.form
+            return choice.form, False
         self.timings += 1
-        return "interpreted" if self.timings <= WARM_ENTRIES else "lowered"
+        form = "interpreted" if self.timings <= WARM_ENTRIES else "lowered"
+        return form, self.timings in (WARM_ENTRIES, 2 * WARM_ENTRIES)
 
     def _record(self, form: str, seconds: float) -> None:
         choice = self.choice
-        if self.timings == WARM_ENTRIES:
+        if form == "interpreted" and self.timings == WARM_ENTRIES:
             choice.interpreted = seconds
-        elif self.timings == 2 * WARM_ENTRIES:
+        elif form == "lowered" and self.timings == 2 * WARM_ENTRIES:
             choice.lowered = seconds
         if choice.interpreted is not None and choice.lowered is not None:
             faster = choice.lowered < (1.0 - self.policy.margin) * choice.interpreted
@@ -330,15 +339,10 @@ class LoopLauncher:
         self.backend.synchronize([[*data.values(), *(v for v, _ in data.rows.values())]
                                   for data in points])
 
-    def _last_value(self, outer: tuple[int, ...], steps: range) -> Any:
-        """The last value the interpreted loop wrote (to wait for it), if it kept it."""
-        if not len(steps):
-            return None
-        for _, st, index, _ in reversed(self.items):
-            if st.kind == "exec":
-                store = self.stores[(st.op.id, 0)]
-                return getattr(store, "data", {}).get(index(*outer, steps[-1]))
-        return None
+    def synchronize(self) -> None:
+        """Wait for the outputs of the last lowered entry (for the profiler)."""
+        if self.last_outputs is not None:
+            self.backend.synchronize(self.last_outputs)
 
     # -- lowered -------------------------------------------------------------------------
     def _plan(self, outer: tuple[int, ...], steps: range) -> _Plan:
@@ -389,14 +393,17 @@ class LoopLauncher:
                 out = self.execs[positions[key[0]]][0].outputs[key[1]]
                 init[key] = self.backend.zeros(tuple(int(d.evaluate(self.bounds)) for d in out.shape),
                                                out.dtype)
-        # Points freed within the loop are never written; frees of points made before it
-        # are done after it.
-        freed = {(op.id, point) for op, point, _ in frees}
-        kept = {op.id: [(n, p) for n, p in zip(rows[op.id], points[op.id]) if (op.id, p) not in freed]
-                for op, _ in self.execs}
-        exported = tuple((op.id, k) for op, _ in self.execs if kept[op.id] for k in range(len(op.outputs)))
+        # Points made and freed within the loop are not written to point stores; frees of
+        # points made before the loop are done after it.
+        freed = {(op.id, point) for op, point, _ in frees if (op.id, point) in made}
+        made_by = {op.id: list(zip(rows[op.id], points[op.id])) for op, _ in self.execs}
+        exported = tuple((op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
+                         if any((op.id, p) not in freed for _, p in made_by[op.id])
+                         or (made_by[op.id] and (op.id, k) in self.blocks))
+        runs = tuple(bool(rows[op.id]) for op, _ in self.execs)
         return _Plan(slots, carries, exported, consts, stacked, list(branches.values()), init,
-                     kept, [(op, p) for op, p, _ in frees if (op.id, p) not in made])
+                     len(steps), runs, made_by, freed,
+                     [(op, p) for op, p, _ in frees if (op.id, p) not in made])
 
     def _stack(self, values: list[Any]) -> Any:
         """Per-iteration values as one array; iterations that do not read it get zeros."""
@@ -416,7 +423,7 @@ class LoopLauncher:
                 return [k]
         raise _Unlowerable(f"no branch of {op.name} holds at {point}")
 
-    def _run_lowered(self, plan: _Plan) -> Any:
+    def _run_lowered(self, plan: _Plan) -> None:
         fn = self.traced.get(plan.signature)
         args = (plan.consts, plan.stacked, plan.branches, plan.carry_init)
         if fn is None:
@@ -429,18 +436,25 @@ class LoopLauncher:
             self.choice.compile_seconds += self._compiling
             self.traced[plan.signature] = fn
         _, outputs = fn(*args)
+        self.last_outputs = outputs
         for key, values in zip(plan.exported, outputs):
-            kept = plan.kept[key[0]]
-            self.stores[key].write_rows([p for _, p in kept], values, [n for n, _ in kept])
+            made = plan.made[key[0]]
+            if key in self.blocks:  # every row, then the frees: a block is released when
+                self.stores[key].write_rows([p for _, p in made], values, [n for n, _ in made])
+                for _, point in made:  # all its rows were written and freed
+                    if (key[0], point) in plan.freed:
+                        self.stores[key].free(point)
+            else:
+                kept = [(n, p) for n, p in made if (key[0], p) not in plan.freed]
+                self.stores[key].write_rows([p for _, p in kept], values, [n for n, _ in kept])
         for op, point in plan.frees:
             for k in range(len(op.outputs)):
                 self.stores[(op.id, k)].free(point)
-        return outputs[-1] if outputs else None
 
     def _scan(self, plan: _Plan) -> Callable:
         """The loop as a function of the plan's values, for ``jax.jit``."""
         jax, xp = self.backend.jax, self.backend.xp
-        slots, carries, exported = plan.slots, plan.carries, plan.exported
+        slots, carries, exported, runs = plan.slots, plan.carries, plan.exported, plan.runs
         merges = [pos for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"]
         kernels = [(op, op.definition.kernel, resolve_params(op.params, self.bounds))
                    for op, _ in self.execs]
@@ -457,6 +471,8 @@ class LoopLauncher:
                         return carry[slot.key]
                     return consts[slot.key] if slot.kind == "const" else per_step[slot.key]
                 for pos, (op, kernel, params) in enumerate(kernels):
+                    if not runs[pos]:  # its values are read nowhere in this entry
+                        continue
                     row = slots[pos]
                     if op.kind == "merge":
                         chosen = branch[merges.index(pos)]

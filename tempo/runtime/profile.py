@@ -54,8 +54,9 @@ class RunProfile:
 
     def instrument_loop(self, name: str, launch: Callable) -> Callable:
         """A lowerable loop's launcher (``tempo.runtime.lowering``): the entries that ran
-        as one scan are timed whole, as ``("loop", name)``; interpreted ones are already
-        timed statement by statement."""
+        as one scan are timed whole, as ``("loop", name)``, waiting for the scan's outputs
+        (the point ops it runs first are also in their own rows); interpreted ones are
+        already timed statement by statement."""
         entry = self.ops.setdefault(("loop", name), OpTime())
         clock = time.perf_counter
 
@@ -63,6 +64,7 @@ class RunProfile:
             start = clock()
             launch(point)
             if launch.last_form == "lowered":
+                launch.synchronize()
                 entry.seconds += clock() - start
                 entry.calls += 1
         return timed

@@ -98,7 +98,13 @@ class PointStore:
 
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
         """Write row ``rows[n]`` of ``values`` at ``points[n]`` (a lowered loop's stacked
-        output)."""
+        output). When at least half of its rows are kept they wait as rows of the stacked
+        array, sliced out when first read (no dispatch per point); fewer are sliced now,
+        so the stacked array is not kept alive for a few rows. Bytes count per row."""
+        if 2 * len(rows) < values.shape[0]:
+            for point, row in zip(points, rows):
+                self.write(point, values[row])
+            return
         data, stats, count = self.data, self.stats, self.bytes
         size = values.nbytes // max(1, values.shape[0])
         for point, row in zip(points, rows):
@@ -165,7 +171,7 @@ class SwappedStore(PointStore):
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
         host = self.backend.to_host(values)
         for point, row in zip(points, rows):
-            super().write(point, host[row])
+            super().write(point, host[row].copy())  # a view would keep all of host alive
 
     def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
         return None

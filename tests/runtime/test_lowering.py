@@ -91,6 +91,31 @@ def test_lowering_keeps_the_execution_order_and_profiles_the_loop():
     assert max(t.calls for t in loops.values()) == bounds[ctx.bounds[0]]  # the t loop, once per i
 
 
+@pytest.mark.parametrize("mode", ["lowered", "timed"])
+def test_entries_with_different_trip_counts(mode):
+    """A triangular loop (``for t in range(i, T)``): each entry has its own trip count."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    data = np.random.default_rng(0).uniform(-1, 1, (4, 9, 2)).astype(np.float32)
+    with ctx:
+        x = tp.const(data)[i, t]
+        y = tp.placeholder(shape=(2,), dtype="float32", domain=(i, t))
+        y[i % 3 == 0] = x * 2.0
+        y[True] = x[i, t + 1:T].sum(0)
+    bounds = {I: 4, T: 9}
+    exe = ctx.compile(bounds, [y], backend="jax", loops=tp.LoopPolicy(mode, min_trips=2))
+    _check(exe, ctx, bounds, [y])
+
+
+def test_compiled_scans_are_kept_across_runs():
+    ctx, bounds, outputs = _recurrences()
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered"))
+    exe.run()
+    compiled = {name: c.compile_seconds for name, c in exe.loop_choices.items()}
+    _check(exe, ctx, bounds, outputs)
+    assert {name: c.compile_seconds for name, c in exe.loop_choices.items()} == compiled
+
+
 def test_unknown_loop_mode_is_named():
     with pytest.raises(ValueError, match="unknown loop mode 'fast'"):
         tp.LoopPolicy("fast")
