@@ -57,7 +57,8 @@ class LoopPolicy:
     """How innermost loops of device ops run on the JAX backend."""
 
     mode: str = "timed"
-    """``timed``: time both forms on the loop's first two entries and keep the faster;
+    """``timed``: time both forms on the loop's first four entries (two each) and keep the
+    lowered form if it was clearly faster;
     ``lowered``: always one ``lax.scan`` where the loop allows it; ``interpreted``: never."""
     min_trips: int = 4
     """Entries with fewer iterations than this are interpreted (a scan would not pay)."""
