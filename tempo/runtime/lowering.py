@@ -283,7 +283,8 @@ class LoopLauncher:
         self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
         self.timings = 0
         self.last_form = ""
-        self.last_outputs: Any = None
+        self.wait_for_outputs = False
+        """Set by the profiler: a lowered entry returns once its outputs are computed."""
         self._compiling = 0.0
 
     def __call__(self, outer: tuple[int, ...]) -> None:
@@ -339,11 +340,6 @@ class LoopLauncher:
         points = [store.data for store in self.stores.values() if hasattr(store, "data")]
         self.backend.synchronize([[*data.values(), *(v for v, _ in data.rows.values())]
                                   for data in points])
-
-    def synchronize(self) -> None:
-        """Wait for the outputs of the last lowered entry (for the profiler)."""
-        if self.last_outputs is not None:
-            self.backend.synchronize(self.last_outputs)
 
     # -- lowered -------------------------------------------------------------------------
     def _plan(self, outer: tuple[int, ...], steps: range) -> _Plan:
@@ -437,7 +433,8 @@ class LoopLauncher:
             self.choice.compile_seconds += self._compiling
             self.traced[plan.signature] = fn
         _, outputs = fn(*args)
-        self.last_outputs = outputs
+        if self.wait_for_outputs:
+            self.backend.synchronize(outputs)
         for key, values in zip(plan.exported, outputs):
             made = plan.made[key[0]]
             if key in self.blocks:  # every row, then the frees: a block is released when
