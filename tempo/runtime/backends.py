@@ -52,9 +52,9 @@ class JaxBackend:
         import jax
         import jax.numpy as jnp
         self.jax, self.jnp = jax, jnp
-        self.xp = XlaNamespace(jax, jnp)
-        """The array module kernels are traced with."""
         self._on_cpu = jax.default_backend() == "cpu"
+        self.xp = XlaNamespace(jax, jnp, self._on_cpu)
+        """The array module kernels are traced with."""
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         """A jitted kernel: once for ``static_params``, else once per distinct params.
@@ -122,9 +122,9 @@ class XlaNamespace:
     per element of its rollout every epoch), so there ``argsort`` is NumPy's, called
     back from the compiled computation. Results are the same: both sorts are stable."""
 
-    def __init__(self, jax: Any, jnp: Any):
+    def __init__(self, jax: Any, jnp: Any, on_cpu: bool):
         self._jax, self._jnp = jax, jnp
-        if jax.default_backend() == "cpu":
+        if on_cpu:
             self.argsort = self._host_argsort
 
     def __getattr__(self, name: str) -> Any:

@@ -98,10 +98,10 @@ class Executable:
             root, self._lowered = lower_loops(root, schedule.statements, graph, bounds)
         self.loop_choices = {name: LoopChoice(name, statement_names(loop))
                              for name, (loop, _) in self._lowered.items()}
-        self._scans: dict[str, dict] = {name: {} for name in self._lowered}
-        """Each lowerable loop's compiled scans (by plan signature), kept across runs."""
         """Per lowerable loop: its statements, the timings and the form the runs chose
         (``tempo.runtime.lowering``)."""
+        self._scans: dict[str, dict] = {name: {} for name in self._lowered}
+        """Each lowerable loop's compiled scans (by plan signature), kept across runs."""
         self.source = _program_source(root, [*schedule.statements, *self._lowered])
         self._program = _compile_source(self.source) if self._lowered else self._interpreted
 

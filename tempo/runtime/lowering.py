@@ -172,12 +172,16 @@ class _Slot:
     key: Any = None  # (op id, output) for body/carry; the input's number for const/stacked
 
 
+Slots = tuple[tuple[_Slot, ...], ...]
+"""Per exec of a loop body, per input."""
+
+
 @dataclass
 class _Plan:
     """One entry into the loop, every read resolved: the structure (which decides the
     traced function) and the values to run it with."""
 
-    slots: tuple[tuple[_Slot, ...], ...]      # per exec of the body, per input
+    slots: Slots
     carries: tuple[tuple[int, int], ...]       # outputs read one iteration later
     exported: tuple[tuple[int, int], ...]      # outputs written to their stores afterwards
     consts: list[Any]
@@ -197,9 +201,6 @@ class _Plan:
 
 class _Unlowerable(Exception):
     """This entry's reads do not fit a scan; the message says why."""
-
-
-Slots = tuple[tuple[_Slot, ...], ...]
 
 
 def _resolve_reads(execs: list[tuple[Op, list[Edge]]], reads: dict[tuple[int, int], list],
@@ -235,8 +236,7 @@ def _resolve_reads(execs: list[tuple[Op, list[Edge]]], reads: dict[tuple[int, in
                     # Iterations that do not read it (a merge branch not taken) reuse a point
                     # that is read: the value is not used there.
                     filler = active[0][1][1]
-                    whole = getattr(stores[key], "stacked", lambda _: None)(
-                        [filler if r is None else r[1] for r in seen])
+                    whole = stores[key].stacked([filler if r is None else r[1] for r in seen])
                     stacked.append(whole if whole is not None else
                                    stack([read(r[1]) if r is not None else None for r in seen]))
                     row.append(_Slot("stacked", len(stacked) - 1))

@@ -29,6 +29,10 @@ class RunProfile:
 
     ops: dict[tuple[str, str], OpTime] = field(default_factory=dict)
 
+    @property
+    def total(self) -> float:
+        return sum(t.seconds for t in self.ops.values())
+
     def instrument(self, table: dict[str, Callable], statements: dict[str, Statement],
                    stores: dict, backend: Any) -> dict[str, Callable]:
         """``table``'s launchers, each timed into this profile."""
@@ -68,10 +72,6 @@ class RunProfile:
                 entry.seconds += clock() - start
                 entry.calls += 1
         return timed
-
-    @property
-    def total(self) -> float:
-        return sum(t.seconds for t in self.ops.values())
 
     def table(self, top: int | None = None) -> str:
         """The ops by time spent, most first: total and mean milliseconds, share, calls."""

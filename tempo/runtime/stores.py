@@ -223,6 +223,10 @@ class BlockStore:
         for point, row in zip(points, rows):
             self.write(point, host[row])
 
+    def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
+        """None: rows are read from the buffers (see ``PointStore.stacked``)."""
+        return None
+
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         return self.read if slices else self.read_point
 
