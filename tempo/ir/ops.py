@@ -438,7 +438,9 @@ def _eval_symbol(p: dict, point: dict, *inputs: Any) -> np.ndarray:
     return np.asarray(p["expr"].evaluate(point), dtype=p["dtype"])
 
 
-register("eval_symbol", lambda expr, dtype: (TensorType((), dtype),), _eval_symbol, host=True)
+# ``in_run``: evaluated at the run's own coordinates, not those a resumed run's origin shows.
+register("eval_symbol", lambda expr, dtype, in_run=False: (TensorType((), dtype),), _eval_symbol,
+         host=True)
 
 
 def _coords(p: dict, point: dict, *inputs: Any) -> np.ndarray:

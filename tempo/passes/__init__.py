@@ -19,6 +19,7 @@ from tempo.passes.domains import reduce_domains
 from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
 from tempo.passes.simplify import simplify_algebra
+from tempo.passes.vectorize import vectorize_dims
 from tempo.symbolic.expr import Symbol
 
 
@@ -52,6 +53,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dedup", merge_duplicates),     # duplicate ops merged (tempo.passes.dedup)
     ("domains", reduce_domains),     # ops computed once per distinct value (tempo.passes.domains)
     ("copies", propagate_copies),    # readers of identity ops read their sources (tempo.passes.copies)
+    ("vectorize", vectorize_dims),   # temporal dims laid out spatially (tempo.passes.vectorize)
     ("fusion", fusion),
 ]
 

@@ -355,6 +355,8 @@ def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Sym
                    backend: Any, shift: dict[Symbol, int]) -> Launcher:
     kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
     to_host, from_host, domain = backend.to_host, backend.from_host, op.domain
+    if params.get("in_run"):  # an index into this run's values (tempo.passes.vectorize)
+        shift = {}
     shifted = {b: v + shift.get(b, 0) for b, v in bounds.items()}
     offsets = [shift.get(d, 0) for d in domain]
 

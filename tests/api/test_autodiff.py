@@ -150,17 +150,20 @@ def _compiled_and_reference(ctx, bounds, outputs):
     return [{rt.key: r[rt] for rt in outputs} for r in results] + [reference]
 
 
+@pytest.mark.parametrize("dims", [("t",), ("i", "t")])
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-def test_gradient_of_pattern_equals_jax(name):
+def test_gradient_of_pattern_equals_jax(name, dims):
+    """Also inside a context of two dims, where the passes vectorize ``t``."""
     build, jax_fn = PATTERNS[name]
-    ctx = tp.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
+    ctx = tp.Context(dims=dims)
+    t, T = ctx.dims[-1], ctx.bounds[-1]
     with ctx:
         leaf = tp.const(X0, requires_grad=True)
         loss = build(leaf[t], t, T)
         loss.backward()
     expected = np.asarray(jax.grad(jax_fn)(jnp.asarray(X0)))
-    for got in _compiled_and_reference(ctx, {T: T_VALUE}, [leaf.grad]):
+    bounds = {T: T_VALUE, **{b: 2 for b in ctx.bounds[:-1]}}
+    for got in _compiled_and_reference(ctx, bounds, [leaf.grad]):
         np.testing.assert_allclose(got[leaf.grad.key], expected, rtol=2e-5, atol=2e-5)
 
 

@@ -1,0 +1,388 @@
+"""Vectorization: a temporal dim laid out spatially.
+
+An op over ``(i, t)`` that no recurrence over ``t`` runs through (a critic's forward pass
+over a rollout's observations, the per-step backward ops of a learner) is computed once
+per ``i`` on all ``T`` steps stacked, instead of ``T`` times on one step each: the op
+loses ``t`` from its domain and its output gains a leading dim of size ``T``. The dim
+vectorized is the program's innermost, the timestep in the RL programs, and only when
+there are others (the outermost is the run itself: laying it out would hold every result
+back until the run ends; PPO's middle dim, the update, gave isl's scheduler a problem it
+did not finish in minutes).
+
+An op is vectorized when
+
+- it is a pure device op with a rule below (no merges, host ops, UDFs or random draws,
+  which are keyed by their point), its params, requirements and output shapes do not vary
+  with ``t``, it runs unconditionally, and it is not an output of the program;
+- no cycle of ops over ``t`` runs through it (a conservative form of the paper's
+  "non-trivial cycle": ``obs[t]`` depends on ``action[t-1]``, so acting stays as it is);
+- each input is read either at ``t`` itself ("row" reads, at least one) or at an index
+  that does not use ``t`` ("invariant" reads, kept as they are);
+- it is needed at every ``t`` of each point of its other dims (it then computes no
+  point the program did not need).
+
+Edges change as in the paper's Fig. 11: a vectorized op reads a vectorized source at the
+index without ``t``, and a plain source at ``0:T``; a plain op reads row ``e`` of a
+vectorized source through a ``take`` at ``e`` (an ``eval_symbol`` of ``e`` is its index),
+a window ``a:b`` of it through a ``slice``; a full window ``0:T`` reads it directly.
+Row reads whose rank is below what the op needs for broadcasting (``(B, H) + (H,)`` per
+step is ``(T, B, H) + (T, 1, H)`` stacked) gain unit dims by ``unsqueeze`` ops; each
+vectorized op's output type is checked against its shape rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import islpy as isl
+import numpy as np
+
+from tempo.errors import ShapeError
+from tempo.ir.graph import SDG, Edge, Op, program_roots
+from tempo.ir.ops import normalize_dim, param_symbols
+from tempo.ir.types import TensorType
+from tempo.passes.rewrite import needed_by_op
+from tempo.schedule.polyhedral import Polyhedral, needed_points
+from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, const
+
+if TYPE_CHECKING:
+    from tempo.passes import PassState
+
+_ELEMENTWISE = frozenset({
+    "neg", "exp", "log", "tanh", "sqrt", "abs", "sin", "cos", "not", "floor",
+    "add", "sub", "mul", "pow", "maximum", "minimum", "mod", "floordiv", "div",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "where", "astype", "detach", "identity"})
+_ONE_DIM = frozenset({"cumsum", "discounted_sum", "argmax", "argsort", "squeeze", "slice", "pad"})
+_REDUCE = frozenset({"reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean"})
+
+Rule = tuple[dict[str, Any], tuple[int, ...]]
+"""The vectorized op's params, and the unit dims each row read gains after the leading one."""
+
+
+def vectorize_dims(graph: SDG, state: PassState) -> SDG:
+    """``graph`` with its innermost dim vectorized where the module doc allows (when the
+    program has more than one dim); ``state.needed`` is recomputed for the new graph."""
+    dims = list(state.bound_of)
+    if len(dims) < 2:
+        state.notes.append("vectorize: a program of one dim is not vectorized")
+        return graph
+    dim = dims[-1]
+    graph, count = _vectorize(graph, state, dim, state.bounds[state.bound_of[dim]])
+    state.notes.append(f"vectorize: {count} ops over {dim.name} vectorized")
+    return graph
+
+
+def _vectorize(graph: SDG, state: PassState, dim: Symbol, size: int) -> tuple[SDG, int]:
+    chosen = _vectorizable(graph, state, dim)
+    if not chosen:
+        return graph, 0
+    out = _Rewriter(graph, dim, size, state.bounds, chosen, state.next_id).rewrite()
+    state.next_id = max(out.ops) + 1
+    roots = program_roots(out, [out.ops[k] for k in sorted(state.keep) if k in out.ops])
+    poly = Polyhedral(out, state.bounds, state.bound_of)
+    needed = needed_points(poly, roots, poly.all_reads())
+    if needed is None:
+        raise ValueError("internal: the vectorized program's needed points have no closed form")
+    state.needed = needed
+    return out, len(chosen)
+
+
+# ---- which ops ------------------------------------------------------------------------------
+def _vectorizable(graph: SDG, state: PassState, dim: Symbol) -> dict[int, Rule]:
+    """The rule of each op to vectorize over ``dim``, by op id."""
+    size = state.bounds[state.bound_of[dim]]
+    cyclic = _on_cycles_over(graph, dim)
+    needed = needed_by_op(state.needed)
+    poly = Polyhedral(graph, state.bounds, state.bound_of)
+    consumers = graph.consumers()
+    chosen: dict[int, Rule] = {}
+    for op in graph.ops.values():
+        if (dim not in op.domain or op.id in cyclic or op.id in state.keep
+                or op.id not in needed or not _pure(op, dim)):
+            continue
+        edges = graph.in_edges(op)
+        reads = [_read_kind(e, dim) for e in edges]
+        if None in reads or "row" not in reads:
+            continue
+        if any(not _adaptable(e, dim) for e in consumers[op.id]):
+            continue
+        rule = _checked_rule(op, edges, [r == "row" for r in reads], dim, size)
+        if rule is not None and _needed_at_every_step(poly, op, dim, needed[op.id]):
+            chosen[op.id] = rule
+    return chosen
+
+
+def _pure(op: Op, dim: Symbol) -> bool:
+    kinds = _ELEMENTWISE | _ONE_DIM | _REDUCE | {
+        "matmul", "unsqueeze", "permute", "reshape", "expand", "cat", "stack",
+        "take", "gather", "scatter_take", "scatter_gather"}
+    return (op.kind in kinds and op.when is TRUE
+            and dim not in param_symbols(op.params)
+            and not any(dim in d.symbols() for t in op.outputs for d in t.shape)
+            and not any(dim in cond.symbols() for cond, _ in op.requires))
+
+
+def _read_kind(edge: Edge, dim: Symbol) -> str | None:
+    """``"row"``: read at ``dim`` itself, no other window; ``"invariant"``: the index does
+    not use ``dim``; None: neither (a shift ``t-1``, a window ``t:T``, a condition)."""
+    if edge.cond is not TRUE:
+        return None
+    uses = [k for k, e in enumerate(edge.phi) if dim in e.symbols()]
+    if not uses:
+        return "invariant"
+    if dim not in edge.src.domain:
+        return None
+    at = edge.src.domain.index(dim)
+    if uses != [at] or edge.phi[at] is not dim or edge.slices:
+        return None
+    if any(dim in d.symbols() for d in _input_type(edge).shape):
+        return None
+    return "row"
+
+
+def _adaptable(edge: Edge, dim: Symbol) -> bool:
+    """A read of the op that a vectorized source can serve: no window of a dim after
+    ``dim`` (it would come before the stacked dim) and ``dim`` used at its own place only.
+    Reader sums read rows at the op's own points, which are always served."""
+    if edge.sink.kind == "sum_readers":
+        return True
+    at = edge.src.domain.index(dim)
+    return not any(isinstance(e, Slice) for e in edge.phi[at + 1:]) and not any(
+        dim in e.symbols() for k, e in enumerate(edge.phi) if k != at)
+
+
+def _on_cycles_over(graph: SDG, dim: Symbol) -> set[int]:
+    """Ops over ``dim`` on a cycle of edges between ops over ``dim``."""
+    over = {k for k, op in graph.ops.items() if dim in op.domain}
+    sub = SDG()
+    for k in over:
+        sub.add_op(graph.ops[k])
+    for k in over:
+        sub.inputs[k] = [e for e in graph.in_edges(graph.ops[k]) if e.src.id in over]
+    cyclic: set[int] = set()
+    for component in sub.components_consumers_first():
+        ids = {op.id for op in component}
+        if len(ids) > 1 or any(e.src.id in ids for e in sub.inputs[component[0].id]):
+            cyclic |= ids
+    return cyclic
+
+
+def _needed_at_every_step(poly: Polyhedral, op: Op, dim: Symbol, needed: isl.Set) -> bool:
+    """Each point of the op's other dims that is needed is needed at every step of ``dim``."""
+    at = op.domain.index(dim)
+    others = needed.project_out(isl.dim_type.set, at, 1).insert_dims(isl.dim_type.set, at, 1)
+    full = isl.Set.from_union_set(poly.box(op)).intersect(others.set_tuple_name(needed.get_tuple_name()))
+    return full.is_subset(needed)
+
+
+def _input_type(edge: Edge) -> TensorType:
+    """What the sink reads through ``edge``: the source's type under its windows' sizes."""
+    t = edge.src.outputs[edge.src_out]
+    sizes = tuple(edge.phi[k].size for k in edge.slices)
+    return TensorType((*sizes, *t.shape), t.dtype)
+
+
+# ---- rules ----------------------------------------------------------------------------------
+def _checked_rule(op: Op, edges: list[Edge], rows: list[bool], dim: Symbol, size: int) -> Rule | None:
+    """The op's rule, if its shape rule gives the stacked output for the stacked inputs."""
+    types = [_input_type(e) for e in edges]
+    rule = _rule(op, types, rows, size)
+    if rule is None:
+        return None
+    params, pads = rule
+    stacked = [_stacked(t, size, pads[k]) if rows[k] else t for k, t in enumerate(types)]
+    try:
+        outputs = op.definition.infer(*stacked, **params)
+    except (ShapeError, TypeError, ValueError):
+        return None
+    expected = tuple(_stacked(t, size, 0) for t in op.outputs)
+    if len(outputs) != len(expected) or any(
+            a.dtype != b.dtype or a.shape != b.shape for a, b in zip(outputs, expected)):
+        return None
+    return rule
+
+
+def _stacked(t: TensorType, size: int, pad: int) -> TensorType:
+    return TensorType((const(size), *(const(1),) * pad, *t.shape), t.dtype)
+
+
+def _rule(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
+    """Params and unit-dim padding of the op over stacked inputs (None: no rule)."""
+    p, kind = op.params, op.kind
+    ranks = [t.ndim for t in types]
+    nothing = tuple(0 for _ in types)
+    if kind in _ELEMENTWISE:
+        if kind == "identity" and "out_type" in p:
+            p = {**p, "out_type": _stacked(p["out_type"], size, 0)}
+        out = op.outputs[0].ndim
+        return p, tuple(out - r if row else 0 for r, row in zip(ranks, rows))
+    if kind == "matmul":
+        if any(row and r < 2 for r, row in zip(ranks, rows)):
+            return None
+        top = max(ranks)
+        return p, tuple(top - r if row else 0 for r, row in zip(ranks, rows))
+    shift = _shifted_dim(p, ranks[0])
+    layouts: dict[str, Callable[[], dict[str, Any] | None]] = {
+        "unsqueeze": lambda: {**p, "dim": normalize_dim(p["dim"], ranks[0] + 1) + 1},
+        "permute": lambda: {**p, "dims": (0, *(normalize_dim(d, ranks[0]) + 1 for d in p["dims"]))},
+        "reshape": lambda: {**p, "shape": (const(size), *p["shape"])},
+        "expand": lambda: {**p, "shape": (const(size), *p["shape"])},
+    }
+    if kind in _REDUCE:
+        params = {**p, "dims": tuple(normalize_dim(d, ranks[0]) + 1 for d in p["dims"])}
+    elif kind in _ONE_DIM:
+        params = shift()
+    elif kind in layouts:
+        params = layouts[kind]()
+    elif kind in ("cat", "stack"):
+        if not all(rows):
+            return None
+        extra = 1 if kind == "stack" else 0
+        params = {**p, "dim": normalize_dim(p["dim"], ranks[0] + extra) + 1}
+    elif kind in ("take", "scatter_take"):
+        params = shift() if rows == [True, False] else None
+    elif kind in ("gather", "scatter_gather"):
+        params = shift() if rows == [True, True] else None
+        if params is not None and kind == "scatter_gather":
+            params["shape"] = (const(size), *p["shape"])
+    else:
+        return None
+    if params is None or not rows[0]:
+        return None
+    if kind == "expand":
+        return params, (len(p["shape"]) - ranks[0], *nothing[1:])
+    return params, nothing
+
+
+def _shifted_dim(p: dict[str, Any], rank: int) -> Callable[[], dict[str, Any]]:
+    return lambda: {**p, "dim": normalize_dim(p["dim"], rank) + 1}
+
+
+# ---- rewriting ------------------------------------------------------------------------------
+@dataclass
+class _Rewriter:
+    graph: SDG
+    dim: Symbol
+    size: int
+    bounds: dict[Symbol, int]
+    rules: dict[int, Rule]
+    next_id: int
+    out: SDG = field(default_factory=SDG)
+    ops: dict[int, Op] = field(default_factory=dict)
+    """The op of each id in the new graph."""
+    adapters: dict[tuple, Op] = field(default_factory=dict)
+
+    def rewrite(self) -> SDG:
+        for op in self.graph.ops.values():
+            self.ops[op.id] = self._vectorized(op) if op.id in self.rules else op
+        for op in self.graph.ops.values():
+            edges = [self._edge(e) for e in self.graph.in_edges(op)]
+            self.out.add_op(self.ops[op.id])
+            for edge in edges:
+                self.out.add_edge(edge)
+        return self.out
+
+    def _vectorized(self, op: Op) -> Op:
+        params, _ = self.rules[op.id]
+        return Op(op.id, op.kind, params, tuple(d for d in op.domain if d is not self.dim),
+                  tuple(_stacked(t, self.size, 0) for t in op.outputs), op.site, op.label,
+                  requires=op.requires)
+
+    def _edge(self, edge: Edge) -> Edge:
+        sink, src = self.ops[edge.sink.id], self.ops[edge.src.id]
+        sink_vec, src_vec = edge.sink.id in self.rules, edge.src.id in self.rules
+        if not src_vec:
+            phi = edge.phi
+            if sink_vec and _read_kind(edge, self.dim) == "row":
+                at = edge.src.domain.index(self.dim)
+                phi = (*phi[:at], Slice(const(0), const(self.size)), *phi[at + 1:])
+                return self._padded(Edge(sink, edge.sink_in, src, edge.src_out, phi), edge)
+            return Edge(sink, edge.sink_in, src, edge.src_out, phi, edge.cond)
+        at = edge.src.domain.index(self.dim)
+        entry, rest = edge.phi[at], (*edge.phi[:at], *edge.phi[at + 1:])
+        if sink_vec and entry is self.dim:
+            return self._padded(Edge(sink, edge.sink_in, src, edge.src_out, rest), edge)
+        if edge.sink.kind == "sum_readers":  # it reads its input at the points its params name
+            return Edge(sink, edge.sink_in, self._unstacked(edge, src), 0, edge.phi, edge.cond)
+        if self._whole(entry):
+            return Edge(sink, edge.sink_in, src, edge.src_out, rest, edge.cond)
+        adapter = self._adapter(edge, src, rest, entry, sink.domain)
+        return Edge(sink, edge.sink_in, adapter, 0, adapter.domain, edge.cond)
+
+    def _whole(self, entry: IndexEntry) -> bool:
+        """Whether ``entry`` is the window of every step."""
+        return isinstance(entry, Slice) and self._concrete(entry.start) is const(0) and \
+            self._concrete(entry.stop) is const(self.size)
+
+    def _concrete(self, e: Expr) -> Expr:
+        return e.substitute(self.bounds)
+
+    def _padded(self, edge: Edge, original: Edge) -> Edge:
+        """``edge`` (a row read by a vectorized op) through the unit dims its rule adds."""
+        _, pads = self.rules[original.sink.id]
+        t = _stacked(_input_type(original), self.size, 0)
+        sink = edge.sink
+        for _ in range(pads[original.sink_in]):
+            t = TensorType((t.shape[0], const(1), *t.shape[1:]), t.dtype)
+            unsqueeze = self._add(Op(self._new_id(), "unsqueeze", {"dim": 1}, sink.domain, (t,),
+                                     sink.site, f"{sink.label or sink.kind}_bcast"), [edge])
+            edge = Edge(sink, edge.sink_in, unsqueeze, 0, sink.domain)
+        return edge
+
+    def _adapter(self, edge: Edge, src: Op, rest: tuple[IndexEntry, ...], entry: IndexEntry,
+                 sink_domain: tuple[Symbol, ...], at: int | None = None) -> Op:
+        """An op over the sink's dims that ``entry``, ``rest`` use, holding the part of
+        ``src``'s stacked output the sink reads (``at``: where ``dim`` was in its domain)."""
+        used = set().union(*(e.symbols() for e in (*rest, entry)))
+        domain = tuple(d for d in sink_domain if d in used)
+        key = (src.id, edge.src_out, rest, entry, domain)
+        if key in self.adapters:
+            return self.adapters[key]
+        at = edge.src.domain.index(self.dim) if at is None else at
+        axis = sum(1 for e in rest[:at] if isinstance(e, Slice))
+        read = Edge(edge.sink, 0, src, edge.src_out, rest)
+        stacked = _input_type(read)
+        label = f"{src.label or src.kind}_row"
+        if isinstance(entry, Slice):
+            shape = (*stacked.shape[:axis], entry.size, *stacked.shape[axis + 1:])
+            op = Op(self._new_id(), "slice", {"dim": axis, "start": entry.start, "stop": entry.stop},
+                    domain, (TensorType(shape, stacked.dtype),), edge.sink.site, label)
+            adapter = self._add(op, [read])
+        else:
+            index = self._add(_index_op(self._new_id(), self._concrete(entry), domain, edge.sink), [])
+            shape = (*stacked.shape[:axis], *stacked.shape[axis + 1:])
+            op = Op(self._new_id(), "take", {"dim": axis}, domain,
+                    (TensorType(shape, stacked.dtype),), edge.sink.site, label)
+            adapter = self._add(op, [read, Edge(op, 1, index, 0, index.domain)])
+        self.adapters[key] = adapter
+        return adapter
+
+    def _unstacked(self, edge: Edge, src: Op) -> Op:
+        """The source's rows again, one per point of its original domain."""
+        domain = edge.src.domain
+        rest = tuple(d for d in domain if d is not self.dim)
+        read = Edge(edge.sink, edge.sink_in, src, edge.src_out, rest)
+        return self._adapter(read, src, rest, self.dim, domain, at=domain.index(self.dim))
+
+    def _add(self, op: Op, inputs: Iterable[Edge]) -> Op:
+        self.out.add_op(op)
+        for k, edge in enumerate(inputs):
+            self.out.add_edge(Edge(op, k, edge.src, edge.src_out, edge.phi, edge.cond))
+        return op
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def _index_op(op_id: int, entry: Expr, domain: tuple[Symbol, ...], sink: Op) -> Op:
+    """A scalar int32 holding ``entry``: a constant, or its value at each point, in the
+    run's own coordinates (a resumed run's origin does not move rows of its own values)."""
+    site, label = sink.site, "row_index"
+    if entry.is_const:
+        return Op(op_id, "const", {"value": np.asarray(entry.value, dtype=np.int32)}, (),
+                  (TensorType((), "int32"),), site, label)
+    return Op(op_id, "eval_symbol", {"expr": entry, "dtype": "int32", "in_run": True}, domain,
+              (TensorType((), "int32"),), site, label)
