@@ -18,6 +18,7 @@ from tempo.passes.dedup import merge_duplicates
 from tempo.passes.domains import reduce_domains
 from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
+from tempo.passes.lift import lift_recurrences
 from tempo.passes.simplify import simplify_algebra
 from tempo.passes.vectorize import vectorize_dims
 from tempo.symbolic.expr import Symbol
@@ -53,6 +54,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dedup", merge_duplicates),     # duplicate ops merged (tempo.passes.dedup)
     ("domains", reduce_domains),     # ops computed once per distinct value (tempo.passes.domains)
     ("copies", propagate_copies),    # readers of identity ops read their sources (tempo.passes.copies)
+    ("lift", lift_recurrences),      # sums over time written step by step become cumsums (tempo.passes.lift)
     ("vectorize", vectorize_dims),   # temporal dims laid out spatially (tempo.passes.vectorize)
     ("fusion", fusion),
 ]

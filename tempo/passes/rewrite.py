@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Container
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import islpy as isl
 
 from tempo.ir.graph import SDG, Edge, Op, program_roots
-from tempo.symbolic.expr import TRUE
+from tempo.schedule.polyhedral import Polyhedral, needed_points
+from tempo.symbolic.expr import TRUE, Symbol
+
+if TYPE_CHECKING:
+    from tempo.passes import PassState
 
 
 @dataclass
@@ -137,3 +142,22 @@ def without_unreached(graph: SDG, keep: set[int]) -> SDG:
     reach."""
     reached = _reached(graph, keep)
     return _without(graph, {k for k in graph.ops if k not in reached})
+
+
+def recomputed_needed(graph: SDG, state: PassState) -> isl.UnionSet:
+    """The needed points of ``graph``, found again from its roots (for passes that change
+    domains and reads too much to update them in place)."""
+    roots = program_roots(graph, [graph.ops[k] for k in sorted(state.keep) if k in graph.ops])
+    poly = Polyhedral(graph, state.bounds, state.bound_of)
+    needed = needed_points(poly, roots, poly.all_reads())
+    if needed is None:
+        raise ValueError("internal: the rewritten program's needed points have no closed form")
+    return needed
+
+
+def needed_at_every_step(poly: Polyhedral, op: Op, dim: Symbol, needed: isl.Set) -> bool:
+    """Each point of the op's other dims that is needed is needed at every step of ``dim``."""
+    at = op.domain.index(dim)
+    others = needed.project_out(isl.dim_type.set, at, 1).insert_dims(isl.dim_type.set, at, 1)
+    box = isl.Set.from_union_set(poly.box(op))
+    return box.intersect(others.set_tuple_name(needed.get_tuple_name())).is_subset(needed)

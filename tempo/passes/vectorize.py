@@ -36,15 +36,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import islpy as isl
 import numpy as np
 
 from tempo.errors import ShapeError
-from tempo.ir.graph import SDG, Edge, Op, program_roots
+from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import normalize_dim, param_symbols
 from tempo.ir.types import TensorType
-from tempo.passes.rewrite import needed_by_op
-from tempo.schedule.polyhedral import Polyhedral, needed_points
+from tempo.passes.rewrite import (
+    needed_at_every_step,
+    needed_by_op,
+    recomputed_needed,
+    without_unreached,
+)
+from tempo.schedule.polyhedral import Polyhedral
 from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, const
 
 if TYPE_CHECKING:
@@ -57,8 +61,18 @@ _ELEMENTWISE = frozenset({
 _ONE_DIM = frozenset({"cumsum", "discounted_sum", "argmax", "argsort", "squeeze", "slice", "pad"})
 _REDUCE = frozenset({"reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean"})
 
-Rule = tuple[dict[str, Any], tuple[int, ...]]
-"""The vectorized op's params, and the unit dims each row read gains after the leading one."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How an op is vectorized: its params, and the unit dims each row read gains after
+    the leading one; ``kind`` and ``inputs`` when it becomes another op reading fewer
+    inputs (a row ``t`` of a stacked value is, stacked, that value)."""
+
+    params: dict[str, Any]
+    pads: tuple[int, ...]
+    kind: str | None = None
+    inputs: int | None = None
 
 
 def vectorize_dims(graph: SDG, state: PassState) -> SDG:
@@ -69,7 +83,11 @@ def vectorize_dims(graph: SDG, state: PassState) -> SDG:
         state.notes.append("vectorize: a program of one dim is not vectorized")
         return graph
     dim = dims[-1]
-    graph, count = _vectorize(graph, state, dim, state.bounds[state.bound_of[dim]])
+    size = state.bounds.get(state.bound_of[dim])
+    if size is None:
+        state.notes.append(f"vectorize: the program does not use {dim.name}")
+        return graph
+    graph, count = _vectorize(graph, state, dim, size)
     state.notes.append(f"vectorize: {count} ops over {dim.name} vectorized")
     return graph
 
@@ -80,12 +98,8 @@ def _vectorize(graph: SDG, state: PassState, dim: Symbol, size: int) -> tuple[SD
         return graph, 0
     out = _Rewriter(graph, dim, size, state.bounds, chosen, state.next_id).rewrite()
     state.next_id = max(out.ops) + 1
-    roots = program_roots(out, [out.ops[k] for k in sorted(state.keep) if k in out.ops])
-    poly = Polyhedral(out, state.bounds, state.bound_of)
-    needed = needed_points(poly, roots, poly.all_reads())
-    if needed is None:
-        raise ValueError("internal: the vectorized program's needed points have no closed form")
-    state.needed = needed
+    out = without_unreached(out, state.keep)
+    state.needed = recomputed_needed(out, state)
     return out, len(chosen)
 
 
@@ -108,8 +122,9 @@ def _vectorizable(graph: SDG, state: PassState, dim: Symbol) -> dict[int, Rule]:
             continue
         if any(not _adaptable(e, dim) for e in consumers[op.id]):
             continue
-        rule = _checked_rule(op, edges, [r == "row" for r in reads], dim, size)
-        if rule is not None and _needed_at_every_step(poly, op, dim, needed[op.id]):
+        rule = _row_of_stacked(op, edges, dim, size) or \
+            _checked_rule(op, edges, [r == "row" for r in reads], dim, size)
+        if rule is not None and needed_at_every_step(poly, op, dim, needed[op.id]):
             chosen[op.id] = rule
     return chosen
 
@@ -169,14 +184,6 @@ def _on_cycles_over(graph: SDG, dim: Symbol) -> set[int]:
     return cyclic
 
 
-def _needed_at_every_step(poly: Polyhedral, op: Op, dim: Symbol, needed: isl.Set) -> bool:
-    """Each point of the op's other dims that is needed is needed at every step of ``dim``."""
-    at = op.domain.index(dim)
-    others = needed.project_out(isl.dim_type.set, at, 1).insert_dims(isl.dim_type.set, at, 1)
-    full = isl.Set.from_union_set(poly.box(op)).intersect(others.set_tuple_name(needed.get_tuple_name()))
-    return full.is_subset(needed)
-
-
 def _input_type(edge: Edge) -> TensorType:
     """What the sink reads through ``edge``: the source's type under its windows' sizes."""
     t = edge.src.outputs[edge.src_out]
@@ -185,13 +192,29 @@ def _input_type(edge: Edge) -> TensorType:
 
 
 # ---- rules ----------------------------------------------------------------------------------
+def _row_of_stacked(op: Op, edges: list[Edge], dim: Symbol, size: int) -> Rule | None:
+    """``x[t]`` of a stacked ``x`` read the same at every step (a lifted cumsum's rows):
+    stacked, it is ``x`` itself."""
+    if op.kind != "take" or op.params["dim"] != 0:
+        return None
+    value, index = edges
+    if dim in {s for e in value.phi for s in e.symbols()} or value.slices:
+        return None
+    if index.src.kind != "eval_symbol" or index.src.params["expr"] is not dim \
+            or not index.src.params.get("in_run") or index.phi != (dim,):
+        return None
+    if _input_type(value).shape[:1] != (const(size),):
+        return None
+    return Rule({}, (0,), kind="identity", inputs=1)
+
+
 def _checked_rule(op: Op, edges: list[Edge], rows: list[bool], dim: Symbol, size: int) -> Rule | None:
     """The op's rule, if its shape rule gives the stacked output for the stacked inputs."""
     types = [_input_type(e) for e in edges]
     rule = _rule(op, types, rows, size)
     if rule is None:
         return None
-    params, pads = rule
+    params, pads = rule.params, rule.pads
     stacked = [_stacked(t, size, pads[k]) if rows[k] else t for k, t in enumerate(types)]
     try:
         outputs = op.definition.infer(*stacked, **params)
@@ -217,12 +240,12 @@ def _rule(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule 
         if kind == "identity" and "out_type" in p:
             p = {**p, "out_type": _stacked(p["out_type"], size, 0)}
         out = op.outputs[0].ndim
-        return p, tuple(out - r if row else 0 for r, row in zip(ranks, rows))
+        return Rule(p, tuple(out - r if row else 0 for r, row in zip(ranks, rows)))
     if kind == "matmul":
         if any(row and r < 2 for r, row in zip(ranks, rows)):
             return None
         top = max(ranks)
-        return p, tuple(top - r if row else 0 for r, row in zip(ranks, rows))
+        return Rule(p, tuple(top - r if row else 0 for r, row in zip(ranks, rows)))
     shift = _shifted_dim(p, ranks[0])
     layouts: dict[str, Callable[[], dict[str, Any] | None]] = {
         "unsqueeze": lambda: {**p, "dim": normalize_dim(p["dim"], ranks[0] + 1) + 1},
@@ -252,8 +275,8 @@ def _rule(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule 
     if params is None or not rows[0]:
         return None
     if kind == "expand":
-        return params, (len(p["shape"]) - ranks[0], *nothing[1:])
-    return params, nothing
+        return Rule(params, (len(p["shape"]) - ranks[0], *nothing[1:]))
+    return Rule(params, nothing)
 
 
 def _shifted_dim(p: dict[str, Any], rank: int) -> Callable[[], dict[str, Any]]:
@@ -278,15 +301,17 @@ class _Rewriter:
         for op in self.graph.ops.values():
             self.ops[op.id] = self._vectorized(op) if op.id in self.rules else op
         for op in self.graph.ops.values():
-            edges = [self._edge(e) for e in self.graph.in_edges(op)]
+            rule = self.rules.get(op.id)
+            reads = self.graph.in_edges(op)
+            edges = [self._edge(e) for e in reads[:rule.inputs if rule else None]]
             self.out.add_op(self.ops[op.id])
             for edge in edges:
                 self.out.add_edge(edge)
         return self.out
 
     def _vectorized(self, op: Op) -> Op:
-        params, _ = self.rules[op.id]
-        return Op(op.id, op.kind, params, tuple(d for d in op.domain if d is not self.dim),
+        rule = self.rules[op.id]
+        return Op(op.id, rule.kind or op.kind, rule.params, tuple(d for d in op.domain if d is not self.dim),
                   tuple(_stacked(t, self.size, 0) for t in op.outputs), op.site, op.label,
                   requires=op.requires)
 
@@ -321,7 +346,7 @@ class _Rewriter:
 
     def _padded(self, edge: Edge, original: Edge) -> Edge:
         """``edge`` (a row read by a vectorized op) through the unit dims its rule adds."""
-        _, pads = self.rules[original.sink.id]
+        pads = self.rules[original.sink.id].pads
         t = _stacked(_input_type(original), self.size, 0)
         sink = edge.sink
         for _ in range(pads[original.sink_in]):

@@ -1,0 +1,90 @@
+"""Lifting: running sums and prefix sums over ``t`` become one ``cumsum``, with the results
+of the unoptimized program and the reference evaluator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.passes import PIPELINE
+
+T_VALUE = 7
+RNG = np.random.default_rng(3)
+XS = RNG.normal(size=(2, T_VALUE, 3)).astype(np.float32)
+UNLIFTED = [name for name, _ in PIPELINE if name != "lift"]
+
+
+def _running_sum(x, t, first=None, scale=None):
+    s = tp.placeholder(shape=(3,), dtype="float32", domain=x.domain)
+    s[t == 0] = x if first is None else first
+    s[True] = (s[(*x.domain[:-1], t - 1)] if scale is None else s[(*x.domain[:-1], t - 1)] * scale) + x
+    return s
+
+
+def _program(dims, build):
+    ctx = tp.Context(dims=dims)
+    t, T = ctx.dims[-1], ctx.bounds[-1]
+    with ctx:
+        x = (tp.const(XS[0])[t] if len(dims) == 1 else tp.const(XS)[ctx.dims[0], t]) * 2.0
+        y = build(x, t, T)
+        out = y[(*ctx.dims[:-1], slice(0, T))]
+    bounds = {T: T_VALUE, **{b: 2 for b in ctx.bounds[:-1]}}
+    return ctx, bounds, y, out
+
+
+def _optimized(ctx, bounds, out):
+    """The program after every pass but fusion (which would hide ops inside fused ones)."""
+    passes = [name for name, _ in PIPELINE if name != "fusion"]
+    return ctx.compile(bounds, [out], backend="numpy", passes=passes).graph
+
+
+@pytest.mark.parametrize("dims", [("t",), ("i", "t")])
+@pytest.mark.parametrize("pattern", ["running sum", "prefix sum"])
+def test_a_sum_over_time_becomes_one_cumsum(pattern, dims, check):
+    def build(x, t, T):
+        return _running_sum(x, t) if pattern == "running sum" else x[(*x.domain[:-1], slice(0, t + 1))].sum(0)
+    ctx, bounds, y, out = _program(dims, build)
+    graph = _optimized(ctx, bounds, out)
+    assert [op.kind for op in graph.ops.values()].count("cumsum") == 1
+    assert not any(op.kind in ("merge", "reduce_sum") for op in graph.ops.values())
+    for backend in ("numpy", "jax"):
+        check(ctx, bounds, [out], None, backend)
+
+
+def test_lifted_rows_are_read_whole_by_vectorized_readers():
+    """After lifting, vectorization reads the cumsum itself: nothing runs per step but the
+    input's gather."""
+    ctx, bounds, y, out = _program(("i", "t"), lambda x, t, T: (_running_sum(x, t) * x).tanh())
+    exe = ctx.compile(bounds, [out], backend="numpy")
+    per_step = [op.kind for op in exe.graph.ops.values() if ctx.dims[1] in op.domain]
+    assert "merge" not in per_step and "add" not in per_step
+    assert any(n.startswith("lift: 1 ") for n in exe.report.notes)
+
+
+@pytest.mark.parametrize("variant", ["scaled", "other first value", "needed at one step"])
+def test_other_recurrences_are_left_alone(variant, check):
+    def build(x, t, T):
+        if variant == "scaled":
+            return _running_sum(x, t, scale=0.9)
+        if variant == "other first value":
+            return _running_sum(x, t, first=x * 3.0)
+        return x[i, 0:t + 1].sum(0)
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        y = build(tp.const(XS)[i, t] * 2.0, t, T)
+        out = y[i, 2] if variant == "needed at one step" else y[i, 0:T]
+    bounds = {I: 2, T: T_VALUE}
+    assert not any(op.kind == "cumsum" for op in _optimized(ctx, bounds, out).ops.values())
+    check(ctx, bounds, [out], None)
+
+
+def test_a_resumed_run_lifts_the_same_values():
+    """Rows of the cumsum are the run's own steps, whatever origin host ops see."""
+    ctx, bounds, y, out = _program(("i", "t"), lambda x, t, T: _running_sum(
+        x + tp.symbol_value(t).astype("float32"), t))
+    t = ctx.dims[1]
+    runs = [ctx.compile(bounds, [out], backend="numpy", passes=p).run(origin={t: 1})
+            for p in (None, UNLIFTED)]
+    np.testing.assert_allclose(np.asarray(runs[0][out]), np.asarray(runs[1][out]), rtol=1e-6)
