@@ -20,7 +20,7 @@ from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
 from tempo.passes.lift import lift_recurrences
 from tempo.passes.simplify import simplify_algebra
-from tempo.passes.vectorize import vectorize_dims
+from tempo.passes.vectorize import vectorize_innermost_dim
 from tempo.symbolic.expr import Symbol
 
 
@@ -54,8 +54,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dedup", merge_duplicates),     # duplicate ops merged (tempo.passes.dedup)
     ("domains", reduce_domains),     # ops computed once per distinct value (tempo.passes.domains)
     ("copies", propagate_copies),    # readers of identity ops read their sources (tempo.passes.copies)
-    ("lift", lift_recurrences),      # sums over time written step by step become cumsums (tempo.passes.lift)
-    ("vectorize", vectorize_dims),   # temporal dims laid out spatially (tempo.passes.vectorize)
+    ("lift", lift_recurrences),      # sums over time become cumsums (tempo.passes.lift)
+    ("vectorize", vectorize_innermost_dim),  # the innermost dim laid out spatially (tempo.passes.vectorize)
     ("fusion", fusion),
 ]
 

@@ -60,7 +60,9 @@ _ELEMENTWISE = frozenset({
     "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "where", "astype", "detach", "identity"})
 _ONE_DIM = frozenset({"cumsum", "discounted_sum", "argmax", "argsort", "squeeze", "slice", "pad"})
 _REDUCE = frozenset({"reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean"})
-
+_KINDS = _ELEMENTWISE | _ONE_DIM | _REDUCE | {
+    "matmul", "unsqueeze", "permute", "reshape", "expand", "cat", "stack",
+    "take", "gather", "scatter_take", "scatter_gather"}
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class Rule:
     inputs: int | None = None
 
 
-def vectorize_dims(graph: SDG, state: PassState) -> SDG:
+def vectorize_innermost_dim(graph: SDG, state: PassState) -> SDG:
     """``graph`` with its innermost dim vectorized where the module doc allows (when the
     program has more than one dim); ``state.needed`` is recomputed for the new graph."""
     dims = list(state.bound_of)
@@ -130,10 +132,8 @@ def _vectorizable(graph: SDG, state: PassState, dim: Symbol) -> dict[int, Rule]:
 
 
 def _pure(op: Op, dim: Symbol) -> bool:
-    kinds = _ELEMENTWISE | _ONE_DIM | _REDUCE | {
-        "matmul", "unsqueeze", "permute", "reshape", "expand", "cat", "stack",
-        "take", "gather", "scatter_take", "scatter_gather"}
-    return (op.kind in kinds and op.when is TRUE
+    """A device op with a rule whose params, shape and requirements do not use ``dim``."""
+    return (op.kind in _KINDS and op.when is TRUE
             and dim not in param_symbols(op.params)
             and not any(dim in d.symbols() for t in op.outputs for d in t.shape)
             and not any(dim in cond.symbols() for cond, _ in op.requires))
