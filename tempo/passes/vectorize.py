@@ -14,8 +14,9 @@ An op is vectorized when
 - it is a pure device op with a rule below (no merges, host ops, UDFs or random draws,
   which are keyed by their point), its params, requirements and output shapes do not vary
   with ``t``, it runs unconditionally, and it is not an output of the program;
-- no cycle of ops over ``t`` runs through it (a conservative form of the paper's
-  "non-trivial cycle": ``obs[t]`` depends on ``action[t-1]``, so acting stays as it is);
+- no cycle within one point of the other dims runs through it (a conservative form of the
+  paper's "non-trivial cycle": ``obs[t]`` depends on ``action[t-1]``, so acting stays as
+  it is; the learner's cycle through the parameters runs from ``i`` to ``i + 1``);
 - each input is read either at ``t`` itself ("row" reads, at least one) or at an index
   that does not use ``t`` ("invariant" reads, kept as they are);
 - it is needed at every ``t`` of each point of its other dims (it then computes no
@@ -169,19 +170,32 @@ def _adaptable(edge: Edge, dim: Symbol) -> bool:
 
 
 def _on_cycles_over(graph: SDG, dim: Symbol) -> set[int]:
-    """Ops over ``dim`` on a cycle of edges between ops over ``dim``."""
-    over = {k for k, op in graph.ops.items() if dim in op.domain}
+    """Ops over ``dim`` on a cycle that stacking ``dim`` could close at one point of the
+    other dims: through edges between ops over ``dim``, and through ops without it
+    (``e[i] <- v[i, 0]`` read back by ``g[i, t]``) unless an edge reads another dim at an
+    earlier or later point (``w[i-1]``: the cycle runs across iterations, not within one)."""
     sub = SDG()
-    for k in over:
-        sub.add_op(graph.ops[k])
-    for k in over:
-        sub.inputs[k] = [e for e in graph.in_edges(graph.ops[k]) if e.src.id in over]
+    for op in graph.ops.values():
+        sub.add_op(op)
+    for k, op in graph.ops.items():
+        sub.inputs[k] = [e for e in graph.in_edges(op)
+                         if (dim in op.domain and dim in e.src.domain) or _same_outer_point(e, dim)]
     cyclic: set[int] = set()
     for component in sub.components_consumers_first():
         ids = {op.id for op in component}
         if len(ids) > 1 or any(e.src.id in ids for e in sub.inputs[component[0].id]):
-            cyclic |= ids
+            cyclic |= {k for k in ids if dim in graph.ops[k].domain}
     return cyclic
+
+
+def _same_outer_point(edge: Edge, dim: Symbol) -> bool:
+    """The edge reads every dim other than ``dim`` that both ends have at the sink's point."""
+    for d, entry in zip(edge.src.domain, edge.phi):
+        if d is not dim and d in edge.sink.domain and not isinstance(entry, Slice):
+            shift = entry - d
+            if shift.is_const and shift.value != 0:
+                return False
+    return True
 
 
 def _input_type(edge: Edge) -> TensorType:

@@ -21,7 +21,7 @@ from tempo.ir.graph import SDG, Edge, Op, has_static_shapes, program_roots
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
-from tempo.passes import PassState, run_pipeline
+from tempo.passes import PIPELINE, PassState, run_pipeline
 from tempo.runtime.backends import make_backend
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, lower_loops, statement_names
 from tempo.runtime.profile import RunProfile
@@ -185,23 +185,35 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     needed = analyze_points(graph, values, ctx.bound_of, roots)
     stage("points")
     kept = {rt.op.id for rt in outputs}
-    state = PassState(needed, values, ctx.bound_of, kept, next_id=max(ctx.graph.ops) + 1)
-    optimized = run_pipeline(graph, state, passes, stage)
-    report.notes += state.notes
-    try:
-        schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed)
-    except UnschedulableError as err:
-        if optimized is graph:
-            raise
-        # The passes keep dependences acyclic by construction; should a program defeat
-        # them, the unoptimized program is still correct.
-        report.notes.append(f"passes undone, the optimized program had no schedule: {err}")
-        optimized = graph
-        schedule = build_schedule(graph, values, ctx.bound_of, roots, kept, needed)
+    for enabled in _pipelines_to_try(passes):
+        state = PassState(needed, values, ctx.bound_of, kept, next_id=max(ctx.graph.ops) + 1)
+        optimized = run_pipeline(graph, state, enabled, stage) if enabled else graph
+        report.notes.extend(state.notes)
+        try:
+            schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed)
+            break
+        except UnschedulableError as err:
+            if not enabled:
+                raise
+            # The passes keep dependences acyclic by construction; should a program defeat
+            # them, it is scheduled without vectorization (the pass that changes the most),
+            # and failing that unoptimized, which is still correct.
+            report.notes.append(f"passes undone ({', '.join(enabled)}), the optimized program "
+                                f"had no schedule: {err}")
     stage("schedule")
     exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report, memory, loops)
     stage("codegen")
     return exe
+
+
+def _pipelines_to_try(passes: Collection[str] | None) -> list[list[str]]:
+    """The passes to compile with, then (should the program not schedule) the same without
+    vectorization, then none."""
+    enabled = [name for name, _ in PIPELINE] if passes is None else list(passes)
+    attempts = [enabled]
+    if "vectorize" in enabled:
+        attempts.append([name for name in enabled if name != "vectorize"])
+    return [*attempts, []] if enabled else [[]]
 
 
 def _check_outputs(ctx: Context, outputs: list[RecurrentTensor]) -> None:

@@ -209,3 +209,46 @@ def test_a_program_of_one_dim_is_not_vectorized():
         out = (tp.const(XS[0])[t] * 2.0).tanh()[0:T]
     exe = ctx.compile({T: T_VALUE}, [out], backend="numpy")
     assert any("one dim is not vectorized" in n for n in exe.report.notes)
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_a_cycle_through_an_op_without_t_is_not_stacked(window):
+    """``v[i, t]`` reads ``g[i, t]``, which reads ``e[i]``, which reads ``v[i, 0]`` (or
+    ``v[i, 0:2]``): fine step by step, a cycle at one point if ``v`` were stacked. The
+    program must schedule with every pass (no fallback to the unoptimized one)."""
+    ctx, (i, t), (I, T) = _context()
+    with ctx:
+        x = tp.const(XS)[i, t, 0]
+        g = tp.placeholder(shape=(H,), dtype="float32", domain=(i, t))
+        v = g + x
+        e = v[i, 0:2].sum(0) if window else v[i, 0] * 2.0
+        g[t < 2 if window else t == 0] = x * 0.0
+        g[True] = e
+        out = (v * 1.5 - 0.25)[i, 0:T]
+    exe = _check(ctx, {I: I_VALUE, T: T_VALUE}, [out])
+    assert not any("passes undone" in n for n in exe.report.notes)
+
+
+def test_a_program_that_does_not_schedule_vectorized_is_compiled_without_it(monkeypatch):
+    """Should isl find no schedule for the vectorized program, compilation retries without
+    vectorization (keeping the other passes) before giving up every pass."""
+    import tempo.runtime.executable as executable
+    from tempo.errors import UnschedulableError
+
+    real, calls = executable.build_schedule, []
+
+    def failing_first(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 1:
+            raise UnschedulableError("no schedule (simulated)")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(executable, "build_schedule", failing_first)
+    ctx, (i, t), (I, T) = _context()
+    with ctx:
+        s = _rollout(ctx)
+        out = (s @ tp.const(W)).tanh()[i, 0:T]
+    exe = _check(ctx, {I: I_VALUE, T: T_VALUE}, [out])
+    undone = [n for n in exe.report.notes if n.startswith("passes undone")]
+    assert len(undone) == 1 and "vectorize" in undone[0] and "simulated" in undone[0]
+    assert exe.graph is calls[1] and len(calls[1]) < len(ctx.graph.ops)  # other passes kept
+    assert any(t in op.domain for op in exe.graph.ops.values() if op.kind in ("fused", "matmul"))
