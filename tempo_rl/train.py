@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ class TrainResult:
     compile_seconds: float
     run_seconds: float
     checkpoint: Path | None
+    compile_notes: list[str] = field(default_factory=list)
+    """What the compiler's passes did (``exe.report.notes``)."""
 
     def mean_return(self, last: int = 20) -> float:
         """Mean episodic return over the ``last`` finished episodes."""
@@ -144,7 +146,8 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
         for choice in exe.loop_choices.values():
             print(choice)
     return TrainResult(list(env.episode_returns), logger.history, compiled - start,
-                       time.perf_counter() - compiled, target if target.exists() else None)
+                       time.perf_counter() - compiled, target if target.exists() else None,
+                       exe.report.notes)
 
 
 def _save_checkpoints(program: TrainProgram, env: Env, cfg: dict[str, Any], target: Path,
