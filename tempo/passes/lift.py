@@ -36,6 +36,8 @@ from tempo.symbolic.expr import TRUE, Slice, Symbol, const
 if TYPE_CHECKING:
     from tempo.passes import PassState
 
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+
 
 def lift_recurrences(graph: SDG, state: PassState) -> SDG:
     """``graph`` with each running or prefix sum over the innermost dim computed by one
@@ -95,7 +97,7 @@ def _running_sum(graph: SDG, op: Op, dim: Symbol) -> Edge | None:
 
 def _prefix_sum(graph: SDG, op: Op, dim: Symbol, bounds: dict) -> Edge | None:
     """``x[0:t+1].sum(0)``: the read of ``x`` (else None)."""
-    if op.kind != "reduce_sum" or op.params["keepdims"]:
+    if op.kind != "reduce_sum" or op.params["keepdims"] or op.outputs[0].dtype not in _FLOATS:
         return None
     (edge,) = graph.in_edges(op)
     if edge.cond is not TRUE or dim not in edge.src.domain or len(edge.slices) != 1:
