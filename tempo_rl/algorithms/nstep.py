@@ -1,9 +1,10 @@
 """n-step advantage actor-critic (A2C): returns bootstrapped after ``n`` steps,
 ``r[t:min(t+n, T)]`` plus the discounted value of the state reached.
 
-The return at ``t`` needs rewards up to ``t+n-1`` only, so Tempo schedules the learning
-work for step ``t`` during the rollout, about ``n`` steps behind acting, instead of after
-it (compare ``reinforce.py``, whose returns read ``r[t:T]``). Episode ends inside the
+The return at ``t`` needs rewards up to ``t+n-1`` only, so Tempo can schedule the
+learning work for step ``t`` during the rollout, about ``n`` steps behind acting, instead
+of after it (compare ``reinforce.py``, whose returns read ``r[t:T]``); it does when the
+``vectorize`` pass is off, and otherwise batches that work over the rollout's steps. Episode ends inside the
 window stop the sum; a terminated episode bootstraps with 0, a truncated one with the
 value of its final observation.
 """
