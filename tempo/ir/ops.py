@@ -438,7 +438,8 @@ def _eval_symbol(p: dict, point: dict, *inputs: Any) -> np.ndarray:
     return np.asarray(p["expr"].evaluate(point), dtype=p["dtype"])
 
 
-# ``in_run``: evaluated at the run's own coordinates, not those a resumed run's origin shows.
+# ``in_run``: evaluated at the run's own coordinates, not those a resumed run's origin shows
+# (honoured by the runtime's host launcher, which every path that runs host ops goes through).
 register("eval_symbol", lambda expr, dtype, in_run=False: (TensorType((), dtype),), _eval_symbol,
          host=True)
 

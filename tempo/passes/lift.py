@@ -81,7 +81,7 @@ def _running_sum(graph: SDG, op: Op, dim: Symbol) -> Edge | None:
     first, step = branches
     add = step.src
     if not _plain_read(first, dim, dim == 0) or not _plain_read(step, dim) or add.kind != "add" \
-            or add.when is not TRUE:
+            or add.when is not TRUE or add.requires or add.domain != op.domain:
         return None
     previous = tuple(d - 1 if d is dim else d for d in op.domain)
     reads = graph.in_edges(add)

@@ -188,9 +188,9 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     for enabled in _pipelines_to_try(passes):
         state = PassState(needed, values, ctx.bound_of, kept, next_id=max(ctx.graph.ops) + 1)
         optimized = run_pipeline(graph, state, enabled, stage) if enabled else graph
-        report.notes.extend(state.notes)
         try:
             schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed)
+            report.notes.extend(state.notes)  # only the notes of the program that runs
             break
         except UnschedulableError as err:
             if not enabled:
@@ -211,8 +211,9 @@ def _pipelines_to_try(passes: Collection[str] | None) -> list[list[str]]:
     vectorization, then none."""
     enabled = [name for name, _ in PIPELINE] if passes is None else list(passes)
     attempts = [enabled]
-    if "vectorize" in enabled:
-        attempts.append([name for name in enabled if name != "vectorize"])
+    without = [name for name in enabled if name != "vectorize"]
+    if without != enabled and without:
+        attempts.append(without)
     return [*attempts, []] if enabled else [[]]
 
 
