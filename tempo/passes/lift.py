@@ -21,13 +21,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import normalize_dim
 from tempo.ir.types import TensorType
 from tempo.passes.rewrite import (
+    add_with_inputs,
     needed_at_every_step,
     needed_by_op,
     recomputed_needed,
+    row_index_op,
+    same_type,
     without_unreached,
 )
 from tempo.schedule.polyhedral import Polyhedral
@@ -35,8 +40,6 @@ from tempo.symbolic.expr import TRUE, Slice, Symbol, const
 
 if TYPE_CHECKING:
     from tempo.passes import PassState
-
-_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 def lift_recurrences(graph: SDG, state: PassState) -> SDG:
@@ -90,14 +93,14 @@ def _running_sum(graph: SDG, op: Op, dim: Symbol) -> Edge | None:
                 and all(a is b for a, b in zip(carried.phi, previous))
                 and _plain_read(fresh, dim) and fresh.src is first.src
                 and fresh.src_out == first.src_out
-                and _same(add.outputs[0], op.outputs[0]) and _same(op.outputs[0], _read_type(fresh))):
+                and same_type(add, 0, op, 0) and same_type(op, 0, fresh.src, fresh.src_out)):
             return fresh
     return None
 
 
 def _prefix_sum(graph: SDG, op: Op, dim: Symbol, bounds: dict) -> Edge | None:
     """``x[0:t+1].sum(0)``: the read of ``x`` (else None)."""
-    if op.kind != "reduce_sum" or op.params["keepdims"] or op.outputs[0].dtype not in _FLOATS:
+    if op.kind != "reduce_sum" or op.params["keepdims"] or np.dtype(op.outputs[0].dtype).kind != "f":
         return None
     (edge,) = graph.in_edges(op)
     if edge.cond is not TRUE or dim not in edge.src.domain or len(edge.slices) != 1:
@@ -115,15 +118,6 @@ def _prefix_sum(graph: SDG, op: Op, dim: Symbol, bounds: dict) -> Edge | None:
     return edge
 
 
-def _read_type(edge: Edge) -> TensorType:
-    return edge.src.outputs[edge.src_out]
-
-
-def _same(a: TensorType, b: TensorType) -> bool:
-    return a.dtype == b.dtype and len(a.shape) == len(b.shape) and \
-        all(x is y for x, y in zip(a.shape, b.shape))
-
-
 def _rebuild(graph: SDG, lifted: dict[int, Edge], dim: Symbol, size: int,
              state: PassState) -> SDG:
     """Each lifted op as a ``take`` of row ``dim`` of a new ``cumsum``, placed before it."""
@@ -138,22 +132,13 @@ def _rebuild(graph: SDG, lifted: dict[int, Edge], dim: Symbol, size: int,
         at = read.src.domain.index(dim)
         rest = tuple(d for d in op.domain if d is not dim)
         phi = tuple(Slice(const(0), const(size)) if k == at else e for k, e in enumerate(read.phi))
-        t = _read_type(read)
-        cumsum = _added(out, Op(state.next_id, "cumsum", {"dim": 0}, rest,
-                                (TensorType((const(size), *t.shape), t.dtype),), op.site,
-                                f"{op.label or op.kind}_cumsum"),
-                        [Edge(op, 0, read.src, read.src_out, phi)])
-        index = _added(out, Op(state.next_id + 1, "eval_symbol",
-                               {"expr": dim, "dtype": "int32", "in_run": True}, (dim,),
-                               (TensorType((), "int32"),), op.site, "row_index"), [])
+        t = read.src.outputs[read.src_out]
+        cumsum = add_with_inputs(out, Op(state.next_id, "cumsum", {"dim": 0}, rest,
+                                         (TensorType((const(size), *t.shape), t.dtype),), op.site,
+                                         f"{op.label or op.kind}_cumsum"),
+                                 [Edge(op, 0, read.src, read.src_out, phi)])
+        index = add_with_inputs(out, row_index_op(state.next_id + 1, dim, (dim,), op.site), [])
         state.next_id += 2
         row = Op(op.id, "take", {"dim": 0}, op.domain, op.outputs, op.site, op.label)
-        _added(out, row, [Edge(row, 0, cumsum, 0, rest), Edge(row, 1, index, 0, (dim,))])
+        add_with_inputs(out, row, [Edge(row, 0, cumsum, 0, rest), Edge(row, 1, index, 0, (dim,))])
     return without_unreached(out, state.keep)
-
-
-def _added(graph: SDG, op: Op, inputs: list[Edge]) -> Op:
-    graph.add_op(op)
-    for k, edge in enumerate(inputs):
-        graph.add_edge(Edge(op, k, edge.src, edge.src_out, edge.phi, edge.cond))
-    return op

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import islpy as isl
+import numpy as np
 
+from tempo.errors import SourceSite
 from tempo.ir.graph import SDG, Edge, Op, program_roots
+from tempo.ir.types import TensorType
 from tempo.schedule.polyhedral import Polyhedral, needed_points
-from tempo.symbolic.expr import TRUE, Symbol
+from tempo.symbolic.expr import TRUE, Expr, Symbol
 
 if TYPE_CHECKING:
     from tempo.passes import PassState
@@ -161,3 +164,22 @@ def needed_at_every_step(poly: Polyhedral, op: Op, dim: Symbol, needed: isl.Set)
     others = needed.project_out(isl.dim_type.set, at, 1).insert_dims(isl.dim_type.set, at, 1)
     box = isl.Set.from_union_set(poly.box(op))
     return box.intersect(others.set_tuple_name(needed.get_tuple_name())).is_subset(needed)
+
+
+def add_with_inputs(graph: SDG, op: Op, inputs: list[Edge]) -> Op:
+    """Add ``op`` to ``graph`` reading what ``inputs`` read (their sinks are replaced)."""
+    graph.add_op(op)
+    for k, edge in enumerate(inputs):
+        graph.add_edge(Edge(op, k, edge.src, edge.src_out, edge.phi, edge.cond))
+    return op
+
+
+def row_index_op(op_id: int, entry: Expr, domain: tuple[Symbol, ...], site: SourceSite) -> Op:
+    """A scalar int32 holding ``entry`` (the row of a stacked value that a point reads): a
+    constant, or its value at each point in the run's own coordinates (a resumed run's
+    origin does not move rows of its own values)."""
+    if entry.is_const:
+        return Op(op_id, "const", {"value": np.asarray(entry.value, dtype=np.int32)}, (),
+                  (TensorType((), "int32"),), site, "row_index")
+    return Op(op_id, "eval_symbol", {"expr": entry, "dtype": "int32", "in_run": True}, domain,
+              (TensorType((), "int32"),), site, "row_index")

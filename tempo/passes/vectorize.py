@@ -33,20 +33,20 @@ vectorized op's output type is checked against its shape rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from tempo.errors import ShapeError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import normalize_dim, param_symbols
 from tempo.ir.types import TensorType
 from tempo.passes.rewrite import (
+    add_with_inputs,
     needed_at_every_step,
     needed_by_op,
     recomputed_needed,
+    row_index_op,
     without_unreached,
 )
 from tempo.schedule.polyhedral import Polyhedral
@@ -390,7 +390,8 @@ class _Rewriter:
                     domain, (TensorType(shape, stacked.dtype),), edge.sink.site, label)
             adapter = self._add(op, [read])
         else:
-            index = self._add(_index_op(self._new_id(), self._concrete(entry), domain, edge.sink), [])
+            index = self._add(row_index_op(self._new_id(), self._concrete(entry), domain,
+                                           edge.sink.site), [])
             shape = (*stacked.shape[:axis], *stacked.shape[axis + 1:])
             op = Op(self._new_id(), "take", {"dim": axis}, domain,
                     (TensorType(shape, stacked.dtype),), edge.sink.site, label)
@@ -405,23 +406,9 @@ class _Rewriter:
         read = Edge(edge.sink, edge.sink_in, src, edge.src_out, rest)
         return self._adapter(read, src, rest, self.dim, domain, at=domain.index(self.dim))
 
-    def _add(self, op: Op, inputs: Iterable[Edge]) -> Op:
-        self.out.add_op(op)
-        for k, edge in enumerate(inputs):
-            self.out.add_edge(Edge(op, k, edge.src, edge.src_out, edge.phi, edge.cond))
-        return op
+    def _add(self, op: Op, inputs: list[Edge]) -> Op:
+        return add_with_inputs(self.out, op, inputs)
 
     def _new_id(self) -> int:
         self.next_id += 1
         return self.next_id - 1
-
-
-def _index_op(op_id: int, entry: Expr, domain: tuple[Symbol, ...], sink: Op) -> Op:
-    """A scalar int32 holding ``entry``: a constant, or its value at each point, in the
-    run's own coordinates (a resumed run's origin does not move rows of its own values)."""
-    site, label = sink.site, "row_index"
-    if entry.is_const:
-        return Op(op_id, "const", {"value": np.asarray(entry.value, dtype=np.int32)}, (),
-                  (TensorType((), "int32"),), site, label)
-    return Op(op_id, "eval_symbol", {"expr": entry, "dtype": "int32", "in_run": True}, domain,
-              (TensorType((), "int32"),), site, label)
