@@ -22,16 +22,25 @@ _ACTIVE: list[Context] = []
 class Context:
     """Declares the temporal dims of a program (outermost first) and collects its SDG.
 
+    ``parallel`` names dims whose points never read each other (the env index ``b`` of an
+    RL program over ``(b, i, t)``): the compiler computes all their points at once.
+
     >>> ctx = Context(dims=("i", "t"))
     >>> i, t = ctx.dims
     >>> I, T = ctx.bounds
     """
 
-    def __init__(self, dims: Sequence[str] = ("t",), seed: int = 0):
+    def __init__(self, dims: Sequence[str] = ("t",), seed: int = 0, parallel: Sequence[str] = ()):
         names = list(dims)
         if len(set(names)) != len(names):
             raise DomainError(f"dim names must be distinct, got {names}")
+        unknown = [n for n in parallel if n not in names]
+        if unknown:
+            raise DomainError(f"parallel dims {unknown} are not dims of this context (dims: {names})")
         self.dims: tuple[Symbol, ...] = tuple(Symbol(n, "dim") for n in names)
+        self.parallel: tuple[Symbol, ...] = tuple(d for d in self.dims if d.name in parallel)
+        """Dims no point of which reads another (an env index): laid out spatially by the
+        compiler (``tempo.passes.parallel``)."""
         self.bounds: tuple[Symbol, ...] = tuple(Symbol(_bound_name(n, names), "bound") for n in names)
         self.bound_of: dict[Symbol, Symbol] = dict(zip(self.dims, self.bounds))
         self.seed = seed

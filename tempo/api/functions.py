@@ -159,7 +159,8 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
         outputs: Sequence[tuple[Sequence[int], Any]] = (),
         domain: Sequence[Symbol] = (), name: str | None = None,
         pass_point: bool = False, when: Any = True,
-        traceable: bool = False) -> tuple[RecurrentTensor, ...]:
+        traceable: bool = False, batched: Callable[..., Any] | None = None
+        ) -> tuple[RecurrentTensor, ...]:
     """Call a host function once at every point of the domain (in schedule order).
 
     ``fn`` receives the inputs as NumPy arrays (and the point as ``{dim name: int}``
@@ -171,8 +172,17 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
     With ``traceable``, ``fn`` is a pure JAX function (an in-graph env's step): it runs
     on the device like any op, jitted, and may be fused with its neighbours; its outputs
     are found by tracing it (``outputs``, when given, are checked against them).
+
+    Over a parallel dim (``tp.Context(parallel=...)``) the compiler calls a host UDF once
+    for every point of that dim at once when it has a ``batched`` form: the same function
+    over inputs and outputs with a leading axis of the dim's size (inputs without the dim
+    unchanged; the point, when passed, without the dim). A traceable UDF needs none: it is
+    ``jax.vmap``-ed.
     """
     if traceable:
+        if batched is not None:
+            raise UDFError("a traceable UDF is vmapped over parallel dims; it takes no `batched`",
+                           user_site())
         return _traced_udf(fn, inputs, outputs, domain, name, pass_point, when)
     ctx = _context_of(*inputs)
     rts = [lift(ctx, x) for x in inputs]
@@ -183,7 +193,11 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
     site = user_site()
     label = name or getattr(fn, "__name__", "udf")
     call = _checked_call(fn, out_types, label, site, pass_point)
-    op = ctx.add_op("udf", rts, {"call": call, "out_types": out_types},
+
+    def batched_call(stacked: tuple[TensorType, ...]) -> Callable:
+        return _checked_call(batched, stacked, f"{label} (batched)", site, pass_point)
+    params = {"call": call, "out_types": out_types, "batched": batched_call if batched else None}
+    op = ctx.add_op("udf", rts, params,
                     domain=[*domain, *(s for s in as_expr(when).symbols() if s in ctx.bound_of)],
                     label=label)
     op.when = _condition(ctx, when)

@@ -445,16 +445,26 @@ register("eval_symbol", lambda expr, dtype, in_run=False: (TensorType((), dtype)
 
 
 def _coords(p: dict, point: dict, *inputs: Any) -> np.ndarray:
-    return np.asarray([point[d] for d in p["dims"]], dtype=np.uint32)
+    if "stacked" not in p:
+        return np.asarray([point[d] for d in p["dims"]], dtype=np.uint32)
+    at, size = p["stacked"]  # the coordinates of every point of a parallel dim laid out
+    return np.stack([np.arange(size) if k == at else np.full(size, point[d])
+                     for k, d in enumerate(p["dims"])], axis=1).astype(np.uint32)
+
+
+def _infer_coords(dims: tuple, stacked: tuple[int, int] | None = None) -> tuple[TensorType]:
+    n = as_expr(len(dims))
+    return (TensorType((n,) if stacked is None else (as_expr(stacked[1]), n), "uint32"),)
 
 
 # The point's coordinates (as the run sees them, see ``Executable.run``'s origin), which
 # random ops encrypt into their draws.
-register("coords", lambda dims: (TensorType((as_expr(len(dims)),), "uint32"),), _coords, host=True)
+register("coords", _infer_coords, _coords, host=True)
 
 
 def _infer_rng(*coords: TensorType, **p: Any) -> tuple[TensorType]:
-    return (TensorType(p["shape"], p["dtype"]),)
+    batch = (as_expr(p["batch"]),) if "batch" in p else ()  # one draw per row of the coords
+    return (TensorType((*batch, *p["shape"]), p["dtype"]),)
 
 
 def _rng(xp: Any, p: dict, *coords: Any) -> Any:

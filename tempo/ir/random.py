@@ -42,15 +42,19 @@ def threefry2x32(xp: Any, key: tuple[Any, Any], counter: tuple[Any, Any]) -> tup
 
 
 def random_bits(xp: Any, seed: int, key: int, coords: Any, size: int) -> tuple[Any, Any]:
-    """Two uint32 words for each of ``size`` elements of the draw at point ``coords``."""
+    """Two uint32 words for each of ``size`` elements of the draw at point ``coords`` (of
+    each draw, one per row, when ``coords`` is a matrix)."""
     u32 = xp.uint32
     with _wrapping(xp):
         k = (u32(seed & 0xFFFFFFFF), u32(key & 0xFFFFFFFF))
         if seed >> 32:  # seeds beyond 32 bits: the high word folded in too
             k = threefry2x32(xp, k, (u32((seed >> 32) & 0xFFFFFFFF), u32(0xFFFFFFFF)))
-        for n in range(coords.shape[0] if coords is not None else 0):
-            k = threefry2x32(xp, k, (coords[n], u32(n)))
+        for n in range(coords.shape[-1] if coords is not None else 0):
+            k = threefry2x32(xp, k, (coords[..., n], u32(n)))
         counter = xp.arange(size, dtype=xp.uint32)
+        if coords is not None and coords.ndim == 2:  # one row of coordinates per draw
+            k = (k[0][:, None], k[1][:, None])
+            counter = counter[None, :]
         return threefry2x32(xp, k, (counter, xp.zeros_like(counter)))
 
 
@@ -60,9 +64,12 @@ def unit_interval(xp: Any, bits: Any) -> Any:
 
 
 def sample(xp: Any, p: dict, coords: Any = None) -> Any:
-    """The draw of distribution ``p["dist"]`` (uniform, normal, randint) at ``coords``."""
+    """The draw of distribution ``p["dist"]`` (uniform, normal, randint) at ``coords``
+    (``p["batch"]`` draws, one per row of ``coords``, when a parallel dim was laid out)."""
     shape = tuple(int(d) for d in p["shape"])
     size = int(np.prod(shape, dtype=np.int64))
+    if "batch" in p:  # a parallel dim laid out: one draw per row of ``coords``
+        shape = (int(p["batch"]), *shape)
     a, b = random_bits(xp, p["seed"], p["key"], coords, size)
     if p["dist"] == "uniform":  # below high even where float32 rounding would reach it
         u = unit_interval(xp, a)

@@ -30,15 +30,18 @@ class ReaderSum:
     ``inverse`` has one entry per sink dim, written over the op's own dims (the source's);
     ``sink_cond`` (over the sink dims) filters the reading points; ``offsets`` pairs, per
     leading slice dim of ``g``, the position of the sliced dim in the op's domain with the
-    slice's start over the sink dims; ``g_dims`` are the positions in ``sink_dims`` of the
-    dims ``g`` varies over.
+    slice's start over the sink dims (position None: the axis is kept whole, as where a
+    parallel dim was laid out); ``g_dims`` are the positions in ``sink_dims`` of the dims
+    ``g`` varies over. ``lead``: each ``g`` has a leading stacked axis (a parallel dim laid
+    out) before those, ``"keep"`` to keep it, ``"sum"`` to sum it away.
     """
 
     sink_dims: tuple[Symbol, ...]
     inverse: tuple[IndexEntry, ...]
     sink_cond: Expr
-    offsets: tuple[tuple[int, Expr], ...]
+    offsets: tuple[tuple[int | None, Expr], ...]
     g_dims: tuple[int, ...]
+    lead: str = ""
 
     def symbols(self) -> frozenset[Symbol]:
         """Bound symbols the sum refers to (the op's dims are implied by its domain)."""
@@ -57,6 +60,7 @@ def compile_reader_sum(reads: ReaderSum, domain: tuple[Symbol, ...],
     starts = compile_function([s for _, s in reads.offsets], reads.sink_dims, bounds)
     positions = [k for k, _ in reads.offsets]
     g_dims = reads.g_dims
+    summed, kept = reads.lead == "sum", (slice(None),) if reads.lead == "keep" else ()
 
     def accumulate(q: tuple[int, ...], read: PointRead) -> Any:
         axes = [range(e.start, e.stop) if isinstance(e, slice) else (e,) for e in inverse(*q)]
@@ -65,8 +69,11 @@ def compile_reader_sum(reads: ReaderSum, domain: tuple[Symbol, ...],
             if not cond(*p)[0]:
                 continue
             value = read(tuple(p[k] for k in g_dims))
-            for k, start in zip(positions, starts(*p)):
-                value = value[q[k] - start]
+            if summed:
+                value = value.sum(0)
+            index = tuple(slice(None) if k is None else q[k] - start
+                          for k, start in zip(positions, starts(*p)))
+            value = value[(*kept, *index)]
             total = value if total is None else total + value
         return total
     return accumulate

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from tempo.errors import BoundsError, TempoError, UndefinedPointError
+from tempo.errors import BoundsError, DomainError, TempoError, UndefinedPointError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.types import TensorType
 from tempo.symbolic.expr import TRUE, Slice, Symbol
@@ -83,6 +83,18 @@ def check_graph(graph: SDG, bound_of: dict[Symbol, Symbol]) -> None:
         for e in edges:
             _check_edge(op, e, bounds)
         _check_types(op, edges)
+
+
+def check_parallel(graph: SDG, parallel: Iterable[Symbol]) -> None:
+    """Ops over a parallel dim read other ops over it at their own point of it only."""
+    for d in parallel:
+        for e in graph.edges():
+            if d in e.sink.domain and d in e.src.domain and e.phi[e.src.domain.index(d)] is not d:
+                raise DomainError(
+                    f"{e.sink.label or e.sink.kind} reads {e.src.label or e.src.kind} at "
+                    f"{d.name} = {e.phi[e.src.domain.index(d)]}, but {d.name} is a parallel dim: "
+                    f"a point of it reads no other (read a window of it from an RT without "
+                    f"{d.name}, or declare {d.name} an ordinary dim)", e.sink.site)
 
 
 def _check_edge(op: Op, e: Edge, bounds: set[Symbol]) -> None:

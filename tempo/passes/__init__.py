@@ -19,6 +19,7 @@ from tempo.passes.domains import reduce_domains
 from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
 from tempo.passes.lift import lift_recurrences
+from tempo.passes.parallel import vectorize_parallel_dims
 from tempo.passes.simplify import simplify_algebra
 from tempo.passes.vectorize import vectorize_innermost_dim
 from tempo.symbolic.expr import Symbol
@@ -34,6 +35,8 @@ class PassState:
     """Ids of ops that must stay as they are (outputs: their stores are read at the end)."""
     next_id: int
     notes: list[str] = field(default_factory=list)
+    parallel: tuple[Symbol, ...] = ()
+    """The dims declared parallel (``tp.Context(parallel=...)``)."""
 
 
 Pass = Callable[[SDG, PassState], SDG]
@@ -54,6 +57,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dedup", merge_duplicates),     # duplicate ops merged (tempo.passes.dedup)
     ("domains", reduce_domains),     # ops computed once per distinct value (tempo.passes.domains)
     ("copies", propagate_copies),    # readers of identity ops read their sources (tempo.passes.copies)
+    ("parallel", vectorize_parallel_dims),  # parallel dims laid out spatially (tempo.passes.parallel)
     ("lift", lift_recurrences),      # sums over time become cumsums (tempo.passes.lift)
     ("vectorize", vectorize_innermost_dim),  # the innermost dim laid out spatially (tempo.passes.vectorize)
     ("fusion", fusion),

@@ -125,8 +125,8 @@ def _vectorizable(graph: SDG, state: PassState, dim: Symbol) -> dict[int, Rule]:
             continue
         if any(not _adaptable(e, dim) for e in consumers[op.id]):
             continue
-        rule = _row_of_stacked(op, edges, dim, size) or \
-            _checked_rule(op, edges, [r == "row" for r in reads], dim, size)
+        rule = _row_ofstacked(op, edges, dim, size) or \
+            checked_rule(op, edges, [r == "row" for r in reads], size)
         if rule is not None and needed_at_every_step(poly, op, dim, needed[op.id]):
             chosen[op.id] = rule
     return chosen
@@ -153,7 +153,7 @@ def _read_kind(edge: Edge, dim: Symbol) -> str | None:
     at = edge.src.domain.index(dim)
     if uses != [at] or edge.phi[at] is not dim or edge.slices:
         return None
-    if any(dim in d.symbols() for d in _input_type(edge).shape):
+    if any(dim in d.symbols() for d in input_type(edge).shape):
         return None
     return "row"
 
@@ -198,7 +198,7 @@ def _same_outer_point(edge: Edge, dim: Symbol) -> bool:
     return True
 
 
-def _input_type(edge: Edge) -> TensorType:
+def input_type(edge: Edge) -> TensorType:
     """What the sink reads through ``edge``: the source's type under its windows' sizes."""
     t = edge.src.outputs[edge.src_out]
     sizes = tuple(edge.phi[k].size for k in edge.slices)
@@ -206,7 +206,7 @@ def _input_type(edge: Edge) -> TensorType:
 
 
 # ---- rules ----------------------------------------------------------------------------------
-def _row_of_stacked(op: Op, edges: list[Edge], dim: Symbol, size: int) -> Rule | None:
+def _row_ofstacked(op: Op, edges: list[Edge], dim: Symbol, size: int) -> Rule | None:
     """``x[t]`` of a stacked ``x`` read the same at every step (a lifted cumsum's rows):
     stacked, it is ``x`` itself."""
     if op.kind != "take" or op.params["dim"] != 0:
@@ -217,31 +217,31 @@ def _row_of_stacked(op: Op, edges: list[Edge], dim: Symbol, size: int) -> Rule |
     if index.src.kind != "eval_symbol" or index.src.params["expr"] is not dim \
             or not index.src.params.get("in_run") or index.phi != (dim,):
         return None
-    if _input_type(value).shape[:1] != (const(size),):
+    if input_type(value).shape[:1] != (const(size),):
         return None
     return Rule({}, (0,), kind="identity", inputs=1)
 
 
-def _checked_rule(op: Op, edges: list[Edge], rows: list[bool], dim: Symbol, size: int) -> Rule | None:
+def checked_rule(op: Op, edges: list[Edge], rows: list[bool], size: int) -> Rule | None:
     """The op's rule, if its shape rule gives the stacked output for the stacked inputs."""
-    types = [_input_type(e) for e in edges]
+    types = [input_type(e) for e in edges]
     rule = _rule(op, types, rows, size)
     if rule is None:
         return None
     params, pads = rule.params, rule.pads
-    stacked = [_stacked(t, size, pads[k]) if rows[k] else t for k, t in enumerate(types)]
+    inputs = [stacked(t, size, pads[k]) if rows[k] else t for k, t in enumerate(types)]
     try:
-        outputs = op.definition.infer(*stacked, **params)
+        outputs = op.definition.infer(*inputs, **params)
     except (ShapeError, TypeError, ValueError):
         return None
-    expected = tuple(_stacked(t, size, 0) for t in op.outputs)
+    expected = tuple(stacked(t, size, 0) for t in op.outputs)
     if len(outputs) != len(expected) or any(
             a.dtype != b.dtype or a.shape != b.shape for a, b in zip(outputs, expected)):
         return None
     return rule
 
 
-def _stacked(t: TensorType, size: int, pad: int) -> TensorType:
+def stacked(t: TensorType, size: int, pad: int) -> TensorType:
     return TensorType((const(size), *(const(1),) * pad, *t.shape), t.dtype)
 
 
@@ -252,14 +252,20 @@ def _rule(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule 
     nothing = tuple(0 for _ in types)
     if kind in _ELEMENTWISE:
         if kind == "identity" and "out_type" in p:
-            p = {**p, "out_type": _stacked(p["out_type"], size, 0)}
+            p = {**p, "out_type": stacked(p["out_type"], size, 0)}
         out = op.outputs[0].ndim
         return Rule(p, tuple(out - r if row else 0 for r, row in zip(ranks, rows)))
     if kind == "matmul":
+        vector_times_matrix = rows == [True, False] and ranks == [1, 2]  # (B, n) @ (n, m)
+        if vector_times_matrix:
+            return Rule(p, (0, 0))
         if any(row and r < 2 for r, row in zip(ranks, rows)):
             return None
         top = max(ranks)
         return Rule(p, tuple(top - r if row else 0 for r, row in zip(ranks, rows)))
+    if kind == "take" and rows == [False, True] and ranks[1] == 0 \
+            and normalize_dim(p["dim"], ranks[0]) == 0:  # rows of a shared table, one per step
+        return Rule(p, nothing)
     shift = _shifted_dim(p, ranks[0])
     layouts: dict[str, Callable[[], dict[str, Any] | None]] = {
         "unsqueeze": lambda: {**p, "dim": normalize_dim(p["dim"], ranks[0] + 1) + 1},
@@ -326,7 +332,7 @@ class _Rewriter:
     def _vectorized(self, op: Op) -> Op:
         rule = self.rules[op.id]
         return Op(op.id, rule.kind or op.kind, rule.params, tuple(d for d in op.domain if d is not self.dim),
-                  tuple(_stacked(t, self.size, 0) for t in op.outputs), op.site, op.label,
+                  tuple(stacked(t, self.size, 0) for t in op.outputs), op.site, op.label,
                   requires=op.requires)
 
     def _edge(self, edge: Edge) -> Edge:
@@ -361,7 +367,7 @@ class _Rewriter:
     def _padded(self, edge: Edge, original: Edge) -> Edge:
         """``edge`` (a row read by a vectorized op) through the unit dims its rule adds."""
         pads = self.rules[original.sink.id].pads
-        t = _stacked(_input_type(original), self.size, 0)
+        t = stacked(input_type(original), self.size, 0)
         sink = edge.sink
         for _ in range(pads[original.sink_in]):
             t = TensorType((t.shape[0], const(1), *t.shape[1:]), t.dtype)
@@ -382,7 +388,7 @@ class _Rewriter:
         at = edge.src.domain.index(self.dim) if at is None else at
         axis = sum(1 for e in rest[:at] if isinstance(e, Slice))
         read = Edge(edge.sink, 0, src, edge.src_out, rest)
-        stacked = _input_type(read)
+        stacked = input_type(read)
         label = f"{src.label or src.kind}_row"
         if isinstance(entry, Slice):
             shape = (*stacked.shape[:axis], entry.size, *stacked.shape[axis + 1:])

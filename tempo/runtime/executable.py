@@ -20,7 +20,7 @@ from tempo.errors import TempoError, UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes, program_roots
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
-from tempo.ir.validate import check_graph, check_placeholders, resolve_bounds
+from tempo.ir.validate import check_graph, check_parallel, check_placeholders, resolve_bounds
 from tempo.passes import PIPELINE, PassState, run_pipeline
 from tempo.runtime.backends import make_backend
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, lower_loops, statement_names
@@ -146,8 +146,18 @@ class Executable:
     def _gather(self, rt: RecurrentTensor, stores: dict) -> np.ndarray:
         store = stores[rt.key]
         sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]
-        values = [self.backend.to_host(store.read(p))
-                  for p in itertools.product(*(range(n) for n in sizes))]
+        domain = self.graph.ops[rt.op.id].domain
+        # Parallel dims laid out (tempo.passes.parallel): the last one laid out leads.
+        stacked = [rt.domain.index(d) for d in reversed(self.ctx.parallel)
+                   if d in rt.domain and d not in domain]
+        kept = [rt.domain.index(d) for d in domain]
+
+        def at(p: tuple[int, ...]) -> np.ndarray:
+            value = store.read(tuple(p[k] for k in kept))
+            for k in stacked:
+                value = value[p[k]]
+            return self.backend.to_host(value)
+        values = [at(p) for p in itertools.product(*(range(n) for n in sizes))]
         return np.stack(values).reshape((*sizes, *values[0].shape))
 
 
@@ -177,6 +187,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     graph = ctx.graph.reachable_from(roots)
     values = resolve_bounds(graph, ctx.bound_of, bounds)
     check_graph(graph, ctx.bound_of)
+    check_parallel(graph, ctx.parallel)
     check_placeholders(graph)
     runtime = make_backend(backend)
     for op in graph.ops.values():
@@ -186,7 +197,8 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     stage("points")
     kept = {rt.op.id for rt in outputs}
     for enabled in _pipelines_to_try(passes):
-        state = PassState(needed, values, ctx.bound_of, kept, next_id=max(ctx.graph.ops) + 1)
+        state = PassState(needed, values, ctx.bound_of, kept, next_id=max(ctx.graph.ops) + 1,
+                          parallel=ctx.parallel)
         optimized = run_pipeline(graph, state, enabled, stage) if enabled else graph
         try:
             schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed)

@@ -1,0 +1,312 @@
+"""Parallel dims laid out spatially: the env dim ``b`` of a program over ``(b, i, t)``.
+
+A dim declared parallel (``tp.Context(dims=("b", "i", "t"), parallel=("b",))``) promises
+that no point of it reads another: ops over ``b`` read each other at ``b`` itself, and ops
+without ``b`` read it through windows (``loss[i] = x[0:B, i, 0:T].mean()``) or at fixed
+points (``validate.check_parallel`` rejects anything else). Every op over it is then
+computed once for all ``B`` points: it loses the dim and its output gains a leading axis
+of size ``B``. It is all or nothing per dim: should one op have no vectorized form (a host
+UDF without a ``batched`` function, a random op drawn twice over), the dim stays a loop
+and the compile report names that op.
+
+The forms:
+
+- pure device ops: the rules of ``tempo.passes.vectorize``;
+- a placeholder's merge: the same branches, each read stacked;
+- random draws: the point's coordinates for every ``b`` at once (``coords`` with a
+  ``stacked`` axis), one draw per row (``rng`` with a ``batch``): exactly the per-point
+  draws;
+- ``eval_symbol(b)``: ``arange(B)``;
+- traceable UDFs: ``jax.vmap`` of the function (rows mapped, other inputs shared);
+- host UDFs: their ``batched`` function, called once with every row;
+- reader sums (gradients): the same sums with a leading axis kept whole, or summed where
+  every ``b`` read one point.
+
+Edges: a vectorized op reads a vectorized source without the dim; windows of other dims
+come first in what the runtime reads, so a ``permute`` moves the stacked axis to where the
+op expects it (first, or where the window over the dim was for ops without it); a reader
+without the dim that reads one point or part of the dim gets it through ``take`` or
+``slice``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import islpy as isl
+
+from tempo.ir.graph import SDG, Edge, Op
+from tempo.ir.ops import param_symbols
+from tempo.ir.readers import ReaderSum
+from tempo.ir.types import TensorType
+from tempo.passes.rewrite import (
+    add_with_inputs,
+    needed_by_op,
+    recomputed_needed,
+    row_index_op,
+    without_unreached,
+)
+from tempo.passes.vectorize import Rule, checked_rule, input_type, stacked
+from tempo.schedule.polyhedral import Polyhedral
+from tempo.symbolic.expr import IndexEntry, Slice, Symbol, const
+
+if TYPE_CHECKING:
+    from tempo.passes import PassState
+
+
+def vectorize_parallel_dims(graph: SDG, state: PassState) -> SDG:
+    """``graph`` with each parallel dim laid out spatially where every op over it has a
+    vectorized form; ``state.needed`` is recomputed for the new graph."""
+    for dim in state.parallel:
+        size = state.bounds.get(state.bound_of[dim])
+        if size is None:
+            continue
+        rules, blocker = _rules(graph, state, dim, size)
+        if blocker is not None:
+            state.notes.append(f"parallel: {dim.name} stays a loop: {blocker}")
+            continue
+        graph = _Rewriter(graph, dim, size, state.bounds, rules, state.next_id).rewrite()
+        state.next_id = max(graph.ops) + 1
+        graph = without_unreached(graph, state.keep)
+        state.needed = recomputed_needed(graph, state)
+        state.notes.append(f"parallel: {len(rules)} ops over {dim.name} vectorized")
+    return graph
+
+
+# ---- rules ----------------------------------------------------------------------------------
+def _rules(graph: SDG, state: PassState, dim: Symbol, size: int
+           ) -> tuple[dict[int, Rule], str | None]:
+    """The rule of every op over ``dim``, or what keeps one op from having one."""
+    rules: dict[int, Rule] = {}
+    poly = Polyhedral(graph, state.bounds, state.bound_of)
+    needed = needed_by_op(state.needed)
+    for op in graph.ops.values():
+        if dim not in op.domain:
+            continue
+        if not _requirements_hold(poly, op, needed.get(op.id), dim):
+            return {}, f"{op.name} ({op.site}) has a requirement over {dim.name} that fails"
+        rule = _rule(op, graph.in_edges(op), dim, size, state.bounds)
+        if rule is None:
+            return {}, f"{op.name} ({op.kind}, {op.site}) has no vectorized form"
+        rules[op.id] = rule
+    return rules, None
+
+
+def _requirements_hold(poly: Polyhedral, op: Op, needed: isl.Set | None, dim: Symbol) -> bool:
+    """The op's requirements over ``dim`` (an index within its size) hold at every needed
+    point, so the op laid out, which no longer has the points, need not check them."""
+    for cond, _ in op.requires:
+        if dim in cond.symbols() and needed is not None:
+            if not isl.UnionSet.from_set(needed).subtract(poly.condition_set(op, cond)).is_empty():
+                return False
+    return True
+
+
+def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol, int]) -> Rule | None:
+    if dim in op.when.symbols() or any(dim in d.symbols() for t in op.outputs for d in t.shape):
+        return None
+    rows = [dim in e.src.domain for e in edges]
+    if any(not row and any(dim in x.symbols() for x in (*e.phi, e.cond)) for e, row in zip(edges, rows)):
+        return None  # an RT without the dim read at an index that uses it
+    p = op.params
+    if op.kind == "coords":
+        return Rule({**p, "stacked": (p["dims"].index(dim), size)}, ())
+    if op.kind == "eval_symbol":
+        return Rule({"size": size, "dtype": p["dtype"]}, (), kind="arange", inputs=0) \
+            if p["expr"] is dim else None
+    if dim in param_symbols(p):
+        return None
+    if op.kind == "rng":
+        return Rule({**p, "batch": size}, (0,)) if "batch" not in p else None
+    if op.kind == "merge":
+        if not all(rows) or any(dim in e.cond.symbols() for e in edges):
+            return None
+        return Rule({**p, "out_type": stacked(p["out_type"], size, 0)}, tuple(0 for _ in edges))
+    if op.kind == "traced_udf":
+        return Rule({**p, "fn": _vmapped(p["fn"], rows),
+                     "out_types": tuple(stacked(t, size, 0) for t in p["out_types"])},
+                    tuple(0 for _ in edges))
+    if op.kind == "udf":
+        if p.get("batched") is None:
+            return None
+        out_types = tuple(stacked(t, size, 0) for t in p["out_types"])
+        return Rule({"call": p["batched"](out_types), "out_types": out_types},
+                    tuple(0 for _ in edges))
+    if op.kind == "sum_readers":
+        return _reader_sum_rule(op, edges[0], dim, size, bounds)
+    if op.definition.host or op.kind not in _DEVICE_KINDS:
+        return None
+    return checked_rule(op, edges, rows, size)
+
+
+_DEVICE_KINDS = frozenset({
+    "neg", "exp", "log", "tanh", "sqrt", "abs", "sin", "cos", "not", "floor",
+    "add", "sub", "mul", "pow", "maximum", "minimum", "mod", "floordiv", "div",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "where", "astype", "detach", "identity",
+    "cumsum", "discounted_sum", "argmax", "argsort", "squeeze", "slice", "pad",
+    "reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean",
+    "matmul", "unsqueeze", "permute", "reshape", "expand", "cat", "stack",
+    "take", "gather", "scatter_take", "scatter_gather"})
+
+
+def _vmapped(fn: Any, rows: list[bool]) -> Any:
+    import jax
+    return jax.jit(jax.vmap(fn, in_axes=tuple(0 if row else None for row in rows)))
+
+
+def _reader_sum_rule(op: Op, edge: Edge, dim: Symbol, size: int,
+                     bounds: dict[Symbol, int]) -> Rule | None:
+    """A gradient over ``dim``: each reader's slice gains the stacked axis, kept whole."""
+    reads: ReaderSum = op.params["reads"]
+    at = op.domain.index(dim)
+    if dim in edge.cond.symbols() or dim in reads.sink_cond.symbols():
+        return None
+    if dim in reads.sink_dims:  # the readers are over ``dim`` and read it at ``dim``: g is stacked
+        s = reads.sink_dims.index(dim)
+        if dim not in edge.src.domain or reads.inverse[s] is not dim:
+            return None
+        offsets = tuple((_shifted(k, at), start) for k, start in reads.offsets)
+        new = _without_sink_dim(reads, s, offsets)
+    else:  # readers without ``dim`` read all of it through a window: keep that axis whole
+        windows = [n for n, (k, _) in enumerate(reads.offsets) if k == at]
+        if len(windows) != 1 or dim in edge.src.domain:
+            return None
+        n = windows[0]
+        whole = edge.src.outputs[edge.src_out].shape[n].substitute(bounds)
+        if reads.offsets[n][1] is not const(0) or whole is not const(size):
+            return None
+        offsets = tuple((None if k == at else _shifted(k, at), start) for k, start in reads.offsets)
+        new = replace(reads, offsets=offsets)
+    return Rule({**op.params, "reads": new, "out_type": stacked(op.params["out_type"], size, 0)}, (0,))
+
+
+def _shifted(k: int | None, removed: int) -> int | None:
+    return k if k is None or k < removed else k - 1
+
+
+def _without_sink_dim(reads: ReaderSum, s: int, offsets: tuple, lead: str = "keep") -> ReaderSum:
+    """``reads`` with sink dim ``s`` gone, each ``g`` read with a leading stacked axis
+    (``lead``: kept, or summed where every point of the dim read the same source point)."""
+    g_dims = tuple(k if k < s else k - 1 for k in reads.g_dims if k != s)
+    return ReaderSum(reads.sink_dims[:s] + reads.sink_dims[s + 1:],
+                     reads.inverse[:s] + reads.inverse[s + 1:], reads.sink_cond, offsets, g_dims,
+                     lead=lead)
+
+
+def _summed_reader_sum(op: Op, dim: Symbol) -> Op:
+    """A gradient without ``dim`` whose readers were over it: every reader ``b`` read this
+    point, and their slices now come stacked, so each is summed over that axis."""
+    reads: ReaderSum = op.params["reads"]
+    s = reads.sink_dims.index(dim)
+    new = _without_sink_dim(reads, s, reads.offsets, lead="sum")
+    return replace(op, params={**op.params, "reads": new})
+
+
+# ---- rewriting ------------------------------------------------------------------------------
+@dataclass
+class _Rewriter:
+    graph: SDG
+    dim: Symbol
+    size: int
+    bounds: dict[Symbol, int]
+    rules: dict[int, Rule]
+    next_id: int
+    out: SDG = field(default_factory=SDG)
+    ops: dict[int, Op] = field(default_factory=dict)
+
+    def rewrite(self) -> SDG:
+        for op in self.graph.ops.values():
+            self.ops[op.id] = self._new_op(op)
+        for op in self.graph.ops.values():
+            rule = self.rules.get(op.id)
+            reads = self.graph.in_edges(op)
+            edges = [self._edge(e) for e in reads[:rule.inputs if rule else None]]
+            self.out.add_op(self.ops[op.id])
+            for edge in edges:
+                self.out.add_edge(edge)
+        return self.out
+
+    def _new_op(self, op: Op) -> Op:
+        rule = self.rules.get(op.id)
+        if rule is None:
+            if op.kind == "sum_readers" and self._reads_stacked_gradient(op):
+                return _summed_reader_sum(op, self.dim)
+            return op
+        requires = tuple((c, what) for c, what in op.requires if self.dim not in c.symbols())
+        return Op(op.id, rule.kind or op.kind, rule.params, tuple(d for d in op.domain if d is not self.dim),
+                  tuple(stacked(t, self.size, 0) for t in op.outputs), op.site, op.label,
+                  requires=requires)
+
+    def _reads_stacked_gradient(self, op: Op) -> bool:
+        (edge,) = self.graph.in_edges(op)
+        return edge.src.id in self.rules and self.dim in op.params["reads"].sink_dims
+
+    def _edge(self, edge: Edge) -> Edge:
+        sink, src = self.ops[edge.sink.id], self.ops[edge.src.id]
+        if edge.src.id not in self.rules:
+            return Edge(sink, edge.sink_in, src, edge.src_out, edge.phi, edge.cond)
+        at = edge.src.domain.index(self.dim)
+        entry, rest = edge.phi[at], (*edge.phi[:at], *edge.phi[at + 1:])
+        direct = Edge(sink, edge.sink_in, src, edge.src_out, rest, edge.cond)
+        if sink.kind == "sum_readers":  # it reads its input at the points its params name
+            return direct
+        windows_after = sum(1 for e in rest if isinstance(e, Slice))  # axes before the stacked one
+        if edge.sink.id in self.rules:  # read at ``dim`` itself: the stacked axis goes first
+            moved = self._moved(direct, windows_after, 0)
+            return self._padded(moved, edge)
+        windows_before = sum(1 for e in edge.phi[:at] if isinstance(e, Slice))
+        if isinstance(entry, Slice) and not self._whole(entry):
+            direct = self._through(direct, "slice", {"dim": windows_after, "start": entry.start,
+                                                     "stop": entry.stop})
+        elif not isinstance(entry, Slice):
+            return self._through(direct, "take", {"dim": windows_after}, index=entry)
+        return self._moved(direct, windows_after, windows_before)
+
+    def _whole(self, entry: Slice) -> bool:
+        return entry.start.substitute(self.bounds) is const(0) and \
+            entry.stop.substitute(self.bounds) is const(self.size)
+
+    def _moved(self, edge: Edge, axis: int, to: int) -> Edge:
+        """``edge`` with axis ``axis`` of what it reads moved to ``to``."""
+        if axis == to:
+            return edge
+        rank = input_type(edge).ndim
+        order = [k for k in range(rank) if k != axis]
+        order.insert(to, axis)
+        return self._through(edge, "permute", {"dims": tuple(order)})
+
+    def _through(self, edge: Edge, kind: str, params: dict[str, Any],
+                 index: IndexEntry | None = None) -> Edge:
+        """``edge`` read through a new ``kind`` op over the sink's domain."""
+        sink = edge.sink
+        read = Edge(sink, 0, edge.src, edge.src_out, edge.phi)
+        inputs = [read]
+        if index is not None:
+            index_op = self._add(row_index_op(self._new_id(), index.substitute(self.bounds), sink.domain,
+                                              sink.site), [])
+            inputs.append(Edge(sink, 1, index_op, 0, index_op.domain))
+        (out,) = _infer(kind, [input_type(e) for e in inputs], params)
+        op = self._add(Op(self._new_id(), kind, params, sink.domain, (out,), sink.site,
+                          f"{edge.src.label or edge.src.kind}_{kind}"), inputs)
+        return Edge(sink, edge.sink_in, op, 0, sink.domain, edge.cond)
+
+    def _padded(self, edge: Edge, original: Edge) -> Edge:
+        """A row read through the unit dims after the stacked axis that its rule adds."""
+        pads = self.rules[original.sink.id].pads
+        for _ in range(pads[original.sink_in] if pads else 0):
+            edge = self._through(edge, "unsqueeze", {"dim": 1})
+        return edge
+
+    def _add(self, op: Op, inputs: list[Edge]) -> Op:
+        return add_with_inputs(self.out, op, inputs)
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def _infer(kind: str, types: list[TensorType], params: dict[str, Any]) -> tuple[TensorType, ...]:
+    from tempo.ir.ops import op_def
+    return tuple(op_def(kind).infer(*types, **params))
+
