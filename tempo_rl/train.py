@@ -111,7 +111,7 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
                           wandb_cfg=logs.get("wandb") if logs.get("wandb", {}).get("enabled") else None,
                           config=cfg, progress=progress, start_iteration=first)
     ctx = program.ctx
-    i, I = ctx.dims[0], program.bound("i")
+    i, I = program.dim("i"), program.bound("i")
     names = list(program.metrics)
     every = int(cfg.get("checkpoint_every") or 0)
     target = out_dir / "checkpoints" / "last.npz"

@@ -47,7 +47,7 @@ from tempo.passes.rewrite import (
     row_index_op,
     without_unreached,
 )
-from tempo.passes.vectorize import Rule, checked_rule, input_type, stacked
+from tempo.passes.vectorize import RULE_KINDS, Rule, checked_rule, input_type, stacked
 from tempo.schedule.polyhedral import Polyhedral
 from tempo.symbolic.expr import IndexEntry, Slice, Symbol, const
 
@@ -83,6 +83,8 @@ def _rules(graph: SDG, state: PassState, dim: Symbol, size: int
     needed = needed_by_op(state.needed)
     for op in graph.ops.values():
         if dim not in op.domain:
+            if op.kind == "sum_readers" and not _summable(op, graph.in_edges(op)[0], dim, size, state.bounds):
+                return {}, f"{op.name} ({op.site}) sums gradients over part of {dim.name}"
             continue
         if not _requirements_hold(poly, op, needed.get(op.id), dim):
             return {}, f"{op.name} ({op.site}) has a requirement over {dim.name} that fails"
@@ -135,19 +137,9 @@ def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol
                     tuple(0 for _ in edges))
     if op.kind == "sum_readers":
         return _reader_sum_rule(op, edges[0], dim, size, bounds)
-    if op.definition.host or op.kind not in _DEVICE_KINDS:
+    if op.definition.host or op.kind not in RULE_KINDS:
         return None
     return checked_rule(op, edges, rows, size)
-
-
-_DEVICE_KINDS = frozenset({
-    "neg", "exp", "log", "tanh", "sqrt", "abs", "sin", "cos", "not", "floor",
-    "add", "sub", "mul", "pow", "maximum", "minimum", "mod", "floordiv", "div",
-    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "where", "astype", "detach", "identity",
-    "cumsum", "discounted_sum", "argmax", "argsort", "squeeze", "slice", "pad",
-    "reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean",
-    "matmul", "unsqueeze", "permute", "reshape", "expand", "cat", "stack",
-    "take", "gather", "scatter_take", "scatter_gather"})
 
 
 def _vmapped(fn: Any, rows: list[bool]) -> Any:
@@ -192,6 +184,17 @@ def _without_sink_dim(reads: ReaderSum, s: int, offsets: tuple, lead: str = "kee
     return ReaderSum(reads.sink_dims[:s] + reads.sink_dims[s + 1:],
                      reads.inverse[:s] + reads.inverse[s + 1:], reads.sink_cond, offsets, g_dims,
                      lead=lead)
+
+
+def _summable(op: Op, edge: Edge, dim: Symbol, size: int, bounds: dict[Symbol, int]) -> bool:
+    """A gradient without ``dim`` can sum its readers' stacked slices when, if they are
+    over ``dim`` and stacked, every point of ``dim`` read it."""
+    reads: ReaderSum = op.params["reads"]
+    if dim not in edge.src.domain or dim not in reads.sink_dims:
+        return True
+    entry = reads.inverse[reads.sink_dims.index(dim)]
+    return isinstance(entry, Slice) and dim not in reads.sink_cond.symbols() \
+        and entry.start.substitute(bounds) is const(0) and entry.stop.substitute(bounds) is const(size)
 
 
 def _summed_reader_sum(op: Op, dim: Symbol) -> Op:
@@ -251,17 +254,17 @@ class _Rewriter:
         direct = Edge(sink, edge.sink_in, src, edge.src_out, rest, edge.cond)
         if sink.kind == "sum_readers":  # it reads its input at the points its params name
             return direct
-        windows_after = sum(1 for e in rest if isinstance(e, Slice))  # axes before the stacked one
+        windows = sum(1 for e in rest if isinstance(e, Slice))  # the read's axes before the stacked one
         if edge.sink.id in self.rules:  # read at ``dim`` itself: the stacked axis goes first
-            moved = self._moved(direct, windows_after, 0)
+            moved = self._moved(direct, windows, 0)
             return self._padded(moved, edge)
-        windows_before = sum(1 for e in edge.phi[:at] if isinstance(e, Slice))
         if isinstance(entry, Slice) and not self._whole(entry):
-            direct = self._through(direct, "slice", {"dim": windows_after, "start": entry.start,
+            direct = self._through(direct, "slice", {"dim": windows, "start": entry.start,
                                                      "stop": entry.stop})
         elif not isinstance(entry, Slice):
-            return self._through(direct, "take", {"dim": windows_after}, index=entry)
-        return self._moved(direct, windows_after, windows_before)
+            return self._through(direct, "take", {"dim": windows}, index=entry)
+        before = sum(1 for e in edge.phi[:at] if isinstance(e, Slice))  # where the window over dim was
+        return self._moved(direct, windows, before)
 
     def _whole(self, entry: Slice) -> bool:
         return entry.start.substitute(self.bounds) is const(0) and \

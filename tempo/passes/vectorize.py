@@ -61,7 +61,7 @@ _ELEMENTWISE = frozenset({
     "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "where", "astype", "detach", "identity"})
 _ONE_DIM = frozenset({"cumsum", "discounted_sum", "argmax", "argsort", "squeeze", "slice", "pad"})
 _REDUCE = frozenset({"reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean"})
-_KINDS = _ELEMENTWISE | _ONE_DIM | _REDUCE | {
+RULE_KINDS = _ELEMENTWISE | _ONE_DIM | _REDUCE | {
     "matmul", "unsqueeze", "permute", "reshape", "expand", "cat", "stack",
     "take", "gather", "scatter_take", "scatter_gather"}
 
@@ -134,7 +134,7 @@ def _vectorizable(graph: SDG, state: PassState, dim: Symbol) -> dict[int, Rule]:
 
 def _pure(op: Op, dim: Symbol) -> bool:
     """A device op with a rule whose params, shape and requirements do not use ``dim``."""
-    return (op.kind in _KINDS and op.when is TRUE
+    return (op.kind in RULE_KINDS and op.when is TRUE
             and dim not in param_symbols(op.params)
             and not any(dim in d.symbols() for t in op.outputs for d in t.shape)
             and not any(dim in cond.symbols() for cond, _ in op.requires))

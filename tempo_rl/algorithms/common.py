@@ -30,8 +30,8 @@ class ActorCriticConfig:
 
 @dataclass
 class TrainProgram:
-    """An RL algorithm as one RT program over dims ``(i, t)`` (PPO adds ``u``, the update
-    within an iteration): acting and learning.
+    """An RL algorithm as one RT program over dims ``(b, i, t)``, env, iteration and step
+    (PPO adds ``u``, the update within an iteration): acting and learning.
 
     ``metrics`` are scalars per iteration (domain ``(i,)``), named as CleanRL names them;
     ``state`` are the RTs a checkpoint holds (parameters and optimizer state, as of
@@ -47,11 +47,16 @@ class TrainProgram:
     rollout: Rollout | None = None
     """The acting RTs (a checkpoint waits for ``rollout.saved``)."""
     fixed_bounds: dict[Symbol, int] = field(default_factory=dict)
-    """Bounds the builder fixed (PPO's rollout length and updates per iteration)."""
+    """Bounds the builder fixed (the number of envs; PPO's rollout length and updates per
+    iteration)."""
+
+    def dim(self, name: str) -> Symbol:
+        """The dim named ``name`` (``"b"``, ``"i"``, ``"t"``)."""
+        return next(d for d in self.ctx.dims if d.name == name)
 
     def bound(self, dim: str) -> Symbol:
-        """The bound symbol of the dim named ``dim`` (``"i"``, ``"t"``)."""
-        return next(b for d, b in self.ctx.bound_of.items() if d.name == dim)
+        """The bound symbol of the dim named ``dim`` (``"b"``, ``"i"``, ``"t"``)."""
+        return self.ctx.bound_of[self.dim(dim)]
 
     def bounds(self, iterations: int, num_steps: int) -> dict[Symbol, int]:
         """Every bound of the program, for ``iterations`` rollouts of ``num_steps`` steps."""
@@ -60,6 +65,13 @@ class TrainProgram:
         if fixed != num_steps:
             raise ValueError(f"the program was built for rollouts of {fixed} steps, not {num_steps}")
         return {**bounds, **self.fixed_bounds}
+
+
+def rl_context(env: Env, seed: int, *dims: str) -> tuple[tp.Context, dict[Symbol, int]]:
+    """A context over ``(b, *dims)`` with the env dim ``b`` parallel (the compiler steps
+    every env at once), and the bound it fixes: ``B`` is the number of envs."""
+    ctx = tp.Context(dims=("b", *dims), seed=seed, parallel=("b",))
+    return ctx, {ctx.bounds[0]: env.num_envs}
 
 
 def alive_before(done: RecurrentTensor) -> RecurrentTensor:

@@ -4,9 +4,9 @@
 The return at ``t`` needs rewards up to ``t+n-1`` only, so Tempo can schedule the
 learning work for step ``t`` during the rollout, about ``n`` steps behind acting, instead
 of after it (compare ``reinforce.py``, whose returns read ``r[t:T]``); it does when the
-``vectorize`` pass is off, and otherwise batches that work over the rollout's steps. Episode ends inside the
-window stop the sum; a terminated episode bootstraps with 0, a truncated one with the
-value of its final observation.
+``vectorize`` and ``fusion`` passes are off, and otherwise batches that work over the
+rollout's steps. Episode ends inside the window stop the sum; a terminated episode
+bootstraps with 0, a truncated one with the value of its final observation.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tempo_rl.algorithms.common import (
     TrainProgram,
     actor_critic,
     last_included,
+    rl_context,
     sampling_policy,
     standardize,
     truncated_returns,
@@ -34,28 +35,29 @@ class NStepConfig(ActorCriticConfig):
 
 
 def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
-    ctx = tp.Context(dims=("i", "t"), seed=seed)
-    i, t = ctx.dims
-    _, T = ctx.bounds
+    ctx, fixed = rl_context(env, seed, "i", "t")
+    b, i, t = ctx.dims
+    B, _, T = ctx.bounds
     with ctx:
         policy, critic = actor_critic(env, cfg.hidden, cfg.activation, (i,))
-        ro = env.rollout(sampling_policy(policy, entropy=True), i, t, T)
+        ro = env.rollout(sampling_policy(policy, entropy=True), b, i, t, T)
         done = tp.max(ro.terminated, ro.truncated)
         value = critic(ro.obs).squeeze(-1)
         # Value of the state each step led to, 0 where the episode terminated there.
         next_value = critic(ro.final_obs).squeeze(-1).detach() * (1.0 - ro.terminated)
         stop = tp.min(t + cfg.n, T)
-        window = (i, slice(t, stop))
+        window = (b, i, slice(t, stop))
         partial = truncated_returns(ro.reward[window], done[window], cfg.gamma)
         ends = last_included(done[window], stop - t)
         bootstrap = cfg.gamma * (ends * next_value[window]).discounted_sum(cfg.gamma)
         returns = partial + bootstrap
-        advantage = (returns - value.detach())[i, 0:T]
+        rollout = (slice(0, B), i, slice(0, T))  # every env and step of iteration i
+        advantage = (returns - value.detach())[rollout]
         if cfg.normalize_advantages:
             advantage = standardize(advantage)
-        policy_loss = -(ro.extras["log_prob"][i, 0:T] * advantage).mean()
-        value_loss = ((value - returns) ** 2)[i, 0:T].mean()
-        entropy = ro.extras["entropy"][i, 0:T].mean()
+        policy_loss = -(ro.extras["log_prob"][rollout] * advantage).mean()
+        value_loss = ((value - returns) ** 2)[rollout].mean()
+        entropy = ro.extras["entropy"][rollout].mean()
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         loss.backward()
         params = policy.parameters() + critic.parameters()
@@ -65,4 +67,4 @@ def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
                "losses/entropy": entropy}
     values = {"returns": returns, "advantage": advantage, "reward": ro.reward,
               "terminated": ro.terminated, "truncated": ro.truncated, "next_value": next_value}
-    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values, ro)
+    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values, ro, fixed)

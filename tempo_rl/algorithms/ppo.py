@@ -1,8 +1,8 @@
 """Proximal policy optimization (Schulman et al., 2017), as CleanRL's ``ppo.py`` runs it.
 
-One program over dims ``(i, u, t)``: iteration, update, timestep. Acting runs over
-``(i, t)`` with the parameters as they are at the iteration's start, ``(i, 0)``; GAE is the
-anti-causal recurrence
+One program over dims ``(b, i, u, t)``: env, iteration, update, timestep. Acting runs over
+``(b, i, t)`` with the parameters as they are at the iteration's start, ``(i, 0)``; GAE is
+the anti-causal recurrence
 
     A[t] = delta[t] + gamma * lambda * (1 - done[t]) * A[t+1],    A[T-1] = delta[T-1],
 
@@ -24,6 +24,7 @@ from tempo_rl.algorithms.common import (
     ActorCriticConfig,
     TrainProgram,
     actor_critic,
+    rl_context,
     sampling_policy,
     standardize,
 )
@@ -50,20 +51,20 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
         raise ValueError(f"num_steps x num_envs = {batch} does not split into "
                          f"{cfg.num_minibatches} minibatches")
     minibatch = batch // cfg.num_minibatches
-    ctx = tp.Context(dims=("i", "u", "t"), seed=seed)
-    i, u, t = ctx.dims
-    I, U, T = ctx.bounds
+    ctx, fixed = rl_context(env, seed, "i", "u", "t")
+    b, i, u, t = ctx.dims
+    B, I, U, T = ctx.bounds
     with ctx:
         policy, critic = actor_critic(env, cfg.hidden, cfg.activation, (i, u))
         actor, acting_critic = policy.at(i, 0), critic.at(i, 0)  # parameters at (i, 0)
-        ro = env.rollout(sampling_policy(actor), i, t, T)
+        ro = env.rollout(sampling_policy(actor), b, i, t, T)
         value = acting_critic(ro.obs).squeeze(-1).detach()
         next_value = acting_critic(ro.final_obs).squeeze(-1).detach() * (1.0 - ro.terminated)
         done = tp.max(ro.terminated, ro.truncated)
         delta = ro.reward + cfg.gamma * next_value - value
-        advantage = tp.placeholder(shape=(env.num_envs,), dtype="float32", domain=(i, t))
+        advantage = tp.placeholder(shape=(), dtype="float32", domain=(b, i, t))
         advantage[t == T - 1] = delta
-        advantage[True] = delta + cfg.gamma * cfg.gae_lambda * (1.0 - done) * advantage[i, t + 1]
+        advantage[True] = delta + cfg.gamma * cfg.gae_lambda * (1.0 - done) * advantage[b, i, t + 1]
         returns = advantage + value
 
         # One shuffle per epoch: keys drawn at each epoch's first update, read by the rest.
@@ -72,8 +73,8 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
         index = order.reshape(cfg.num_minibatches, minibatch)[i, u, u % cfg.num_minibatches]
 
         def minibatch_of(x: RecurrentTensor) -> RecurrentTensor:
-            """The rollout's ``(num_steps, num_envs, ...)`` values, flattened, at ``index``."""
-            flat = x[i, 0:cfg.num_steps].detach().reshape(batch, *x.shape[1:])
+            """The rollout's ``(num_envs, num_steps, ...)`` values, flattened, at ``index``."""
+            flat = x[0:B, i, 0:cfg.num_steps].detach().reshape(batch, *x.shape)
             return flat[i, index]
 
         obs, action = minibatch_of(ro.obs), minibatch_of(ro.action)
@@ -106,8 +107,8 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
 
         approx_kl = ((ratio - 1.0) - log_ratio).mean().detach()
         clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).astype("float32").mean()
-        predicted = value[i, 0:cfg.num_steps]
-        target = returns[i, 0:cfg.num_steps]
+        predicted = value[0:B, i, 0:cfg.num_steps]
+        target = returns[0:B, i, 0:cfg.num_steps]
         residual = target - predicted
         explained = 1.0 - _variance(residual) / _variance(target)
 
@@ -122,7 +123,7 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
               "reward": ro.reward, "terminated": ro.terminated, "truncated": ro.truncated,
               "final_obs": ro.final_obs, "value": value, "next_value": next_value,
               "advantage": advantage, "returns": returns, "minibatch_index": index}
-    bounds = {T: cfg.num_steps, U: cfg.update_epochs * cfg.num_minibatches}
+    bounds = {**fixed, T: cfg.num_steps, U: cfg.update_epochs * cfg.num_minibatches}
     return TrainProgram(ctx, actor, metrics, opt.checkpoint_state(), opt, values, ro, bounds)
 
 

@@ -1,7 +1,7 @@
 """REINFORCE (Williams, 1992): Monte-Carlo returns ``r[t:T]``, optionally a learned baseline.
 
 The return at ``t`` sums the discounted rewards from ``t`` up to the episode's end or the
-rollout's, read as the slice ``r[i, t:T]``, so learning for step ``t`` waits for the whole
+rollout's, read as the slice ``r[b, i, t:T]``, so learning for step ``t`` waits for the whole
 rollout. Acting and learning are one program: the loss reuses the log-probabilities
 computed while acting.
 """
@@ -16,6 +16,7 @@ from tempo_rl.algorithms.common import (
     ActorCriticConfig,
     TrainProgram,
     actor_critic,
+    rl_context,
     sampling_policy,
     standardize,
     truncated_returns,
@@ -30,25 +31,26 @@ class ReinforceConfig(ActorCriticConfig):
 
 
 def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
-    ctx = tp.Context(dims=("i", "t"), seed=seed)
-    i, t = ctx.dims
-    _, T = ctx.bounds
+    ctx, fixed = rl_context(env, seed, "i", "t")
+    b, i, t = ctx.dims
+    B, _, T = ctx.bounds
     with ctx:
         policy, critic = actor_critic(env, cfg.hidden, cfg.activation, (i,))
-        ro = env.rollout(sampling_policy(policy), i, t, T)
+        ro = env.rollout(sampling_policy(policy), b, i, t, T)
         done = tp.max(ro.terminated, ro.truncated)
-        returns = truncated_returns(ro.reward[i, t:T], done[i, t:T], cfg.gamma)
+        returns = truncated_returns(ro.reward[b, i, t:T], done[b, i, t:T], cfg.gamma)
         advantage = returns
         value_loss = None
+        rollout = (slice(0, B), i, slice(0, T))  # every env and step of iteration i
         if cfg.baseline:
             value = critic(ro.obs).squeeze(-1)
             advantage = returns - value.detach()
-            value_loss = ((value - returns) ** 2)[i, 0:T].mean()
+            value_loss = ((value - returns) ** 2)[rollout].mean()
         if cfg.normalize_advantages:
-            advantage = standardize(advantage[i, 0:T])
+            advantage = standardize(advantage[rollout])
         else:
-            advantage = advantage[i, 0:T]
-        policy_loss = -(ro.extras["log_prob"][i, 0:T] * advantage.detach()).mean()
+            advantage = advantage[rollout]
+        policy_loss = -(ro.extras["log_prob"][rollout] * advantage.detach()).mean()
         loss = policy_loss if value_loss is None else policy_loss + cfg.vf_coef * value_loss
         loss.backward()
         params = policy.parameters() + (critic.parameters() if cfg.baseline else [])
@@ -59,4 +61,4 @@ def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
         metrics["losses/value_loss"] = value_loss
     values = {"returns": returns, "advantage": advantage, "reward": ro.reward,
               "terminated": ro.terminated, "truncated": ro.truncated}
-    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values, ro)
+    return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values, ro, fixed)

@@ -32,17 +32,14 @@ class BraxEnv(JaxEnv):
         self.obs_shape = (self.env.observation_size,)
         super().__init__(num_envs, seed)
 
-    def reset_batch(self, key: jax.Array) -> tuple[jax.Array, Any]:
-        state = jax.vmap(self.env.reset)(jax.random.split(key, self.num_envs))
+    def reset_env(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        state = self.env.reset(key)
         return state.obs, state
 
     def transition(self, key: jax.Array, state: Any, action: jax.Array) -> tuple[Any, ...]:
-        after = jax.vmap(self.env.step)(state, jnp.clip(action, -1.0, 1.0))
+        after = self.env.step(state, jnp.clip(action, -1.0, 1.0))
         truncated = after.info["truncation"]
         done = after.done
-        _, fresh = self.reset_batch(key)
-
-        def pick(new: jax.Array, old: jax.Array) -> jax.Array:
-            return jnp.where(done.reshape(done.shape + (1,) * (old.ndim - 1)) > 0, new, old)
-        state = jax.tree_util.tree_map(pick, fresh, after)
+        _, fresh = self.reset_env(key)
+        state = jax.tree_util.tree_map(lambda new, old: jnp.where(done > 0, new, old), fresh, after)
         return state.obs, after.reward, done * (1 - truncated), truncated, after.obs, state

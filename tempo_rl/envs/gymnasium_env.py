@@ -1,13 +1,15 @@
-"""Gymnasium vector environments on the host, stepped by UDF ops.
+"""Gymnasium environments on the host, stepped by UDF ops over the env dim.
 
-The environments form the spatial batch dim of the observations (``(num_envs, *obs)``);
-the program's dims are ``(i, t)``: iteration and timestep. Observations are a placeholder:
-the reset at ``(0, 0)``, the last observation of the previous iteration at ``(i+1, 0)``,
-and the step's output at ``(i, t+1)``, so the environment's calls are ordered by data
+The program's dims are ``(b, i, t)``: env, iteration and timestep. Env ``b`` is its own
+gymnasium env (``gym.make``, reset with ``seed + b``, as a gymnasium vector env seeds its
+copies); the compiler steps them all at once (the UDFs' ``batched`` forms loop over them,
+as gymnasium's synchronous vector env does). Observations are a placeholder: the reset at
+``(b, 0, 0)``, the last observation of the previous iteration at ``(b, i+1, 0)``, and the
+step's output at ``(b, i, t+1)``, so the environment's calls are ordered by data
 dependences alone. Episodes end inside a rollout: ``terminated`` and ``truncated`` are
-kept apart, the final observation of a truncated episode is returned for bootstrapping,
-and the vector env resets finished episodes in the same step. Between iterations the
-env's state is kept (``snapshot``) so that checkpoints resume exactly (``restore``).
+kept apart, the final observation of a finished episode is returned for bootstrapping,
+and the env is reset in the same step. Between iterations the envs' state is kept
+(``snapshot``) so that checkpoints resume exactly (``restore``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 import tempo as tp
 from tempo.symbolic.expr import Symbol
-from tempo_rl.envs.base import EnvBase, Policy, Rollout
+from tempo_rl.envs.base import EnvBase, Policy, Rollout, saved_marker
 
 
 class GymnasiumEnv(EnvBase):
@@ -28,71 +30,69 @@ class GymnasiumEnv(EnvBase):
     def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0):
         super().__init__(num_envs)
         self.env_id, self.num_envs, self.seed = env_id, num_envs, seed
-        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                                 vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
-        space = self.envs.single_observation_space
+        self.envs = [gym.make(env_id) for _ in range(num_envs)]
+        space = self.envs[0].observation_space
         self.obs_shape = tuple(space.shape)
-        action_space = self.envs.single_action_space
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.num_actions = int(action_space.n) if self.discrete else None
-        self.action_shape = () if self.discrete else tuple(action_space.shape)
+        self.action_space = self.envs[0].action_space
+        self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        self.num_actions = int(self.action_space.n) if self.discrete else None
+        self.action_shape = () if self.discrete else tuple(self.action_space.shape)
         self._restored_obs: np.ndarray | None = None
 
-    # ---- host side ------------------------------------------------------------------
-    def _reset(self) -> np.ndarray:
+    # ---- host side, one env --------------------------------------------------------
+    def _reset(self, point: dict[str, int]) -> tuple[np.ndarray]:
+        k = point[self._env_dim]
         if self._restored_obs is not None:
-            return self._restored_obs
-        obs, _ = self.envs.reset(seed=self.seed)
-        return obs.astype(np.float32)
+            return (self._restored_obs[k],)
+        obs, _ = self.envs[k].reset(seed=self.seed + k)
+        return (obs.astype(np.float32),)
 
-    def _step(self, action: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _step(self, point: dict[str, int], action: np.ndarray) -> tuple[np.ndarray, ...]:
+        k = point[self._env_dim]
         if self.discrete:
-            action = action.astype(np.int64)
+            action = int(action)
         else:  # the policy's Gaussian is unbounded; the env takes actions in its box
-            space = self.envs.single_action_space
-            action = np.clip(action, space.low, space.high)
-        obs, reward, terminated, truncated, info = self.envs.step(action)
-        obs = obs.astype(np.float32)
-        final = obs.copy()
-        done = terminated | truncated
-        if done.any() and "final_obs" in info:
-            for k in np.flatnonzero(done):
-                final[k] = info["final_obs"][k]
-        self.stats.record(reward, done)
-        return (obs, reward.astype(np.float32), terminated.astype(np.float32),
-                truncated.astype(np.float32), final)
+            action = np.clip(action, self.action_space.low, self.action_space.high)
+        obs, reward, terminated, truncated, _ = self.envs[k].step(action)
+        final = np.asarray(obs, np.float32)
+        if terminated or truncated:
+            obs, _ = self.envs[k].reset()
+        self.stats.record_env(k, reward, terminated or truncated)
+        return (np.asarray(obs, np.float32), np.float32(reward), np.float32(terminated),
+                np.float32(truncated), final)
 
     # ---- checkpoints -------------------------------------------------------------------
-    def _carry(self, point: dict[str, int], last_obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _carry(self, point: dict[str, int], last_obs: np.ndarray) -> tuple[np.ndarray, np.float32]:
         """Between iterations: keep the state the next iteration starts from."""
-        iteration = self._keep_snapshot(point, {"envs": self.envs.envs, "obs": last_obs})
-        return last_obs, np.float32(iteration)
+        k = point.get(self._env_dim)
+        envs = self.envs if k is None else self.envs[k]
+        iteration = self._keep_snapshot(point, {"envs": envs, "obs": last_obs})
+        return last_obs, np.full(np.shape(last_obs)[:1] if k is None else (), iteration, np.float32)
 
     def restore(self, state: bytes) -> None:
         saved = pickle.loads(state)
         if len(saved["envs"]) != self.num_envs:
             raise ValueError(f"the snapshot holds {len(saved['envs'])} envs, this env {self.num_envs}")
-        self.envs.envs = saved["envs"]
+        self.envs = list(saved["envs"])
         self._restored_obs = saved["obs"]
         self.stats.resume(saved)
 
     # ---- program side ------------------------------------------------------------------
-    def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
-        """Acting over ``(i, t)``: ``policy(obs)`` returns the action RT and any extra RTs
-        (log-probabilities, values) that the learner reuses."""
-        n, obs_shape = self.num_envs, self.obs_shape
-        self._iteration_dim = i.name
-        obs = tp.placeholder(shape=(n, *obs_shape), dtype="float32", domain=(i, t))
-        (first,) = tp.udf(self._reset, [], [((n, *obs_shape), "float32")], name="env_reset")
+    def rollout(self, policy: Policy, b: Symbol, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
+        """Acting over ``(b, i, t)``: ``policy(obs)`` returns the action RT and any extra
+        RTs (log-probabilities, values) that the learner reuses."""
+        self._dims(b, i)
+        obs_type = (self.obs_shape, "float32")
+        obs = tp.placeholder(shape=self.obs_shape, dtype="float32", domain=(b, i, t))
+        (first,) = self._env_udf(self._reset, [], [obs_type], "env_reset", domain=(b,))
         action, extras = policy(obs)
-        float_out = [((n,), "float32")] * 3
-        nxt, reward, terminated, truncated, final = tp.udf(
-            self._step, [action], [((n, *obs_shape), "float32"), *float_out,
-                                   ((n, *obs_shape), "float32")], name="env_step")
-        carried, saved = tp.udf(self._carry, [nxt[i, T - 1]],
-                                [((n, *obs_shape), "float32"), ((), "float32")],
-                                name="env_carry", pass_point=True)
-        obs[0, 0] = first
-        obs[i + 1, 0] = carried
-        obs[i, t + 1] = nxt
-        return Rollout(obs, action, reward, terminated, truncated, final, extras, saved)
+        scalar = ((), "float32")
+        nxt, reward, terminated, truncated, final = self._env_udf(
+            self._step, [action], [obs_type, scalar, scalar, scalar, obs_type], "env_step")
+        carried, saved = self._env_udf(self._carry, [nxt[b, i, T - 1]], [obs_type, scalar],
+                                       "env_carry", batched=self._carry)
+        obs[b, 0, 0] = first
+        obs[b, i + 1, 0] = carried
+        obs[b, i, t + 1] = nxt
+        return Rollout(obs, action, reward, terminated, truncated, final, extras,
+                       saved_marker(saved, b, i))

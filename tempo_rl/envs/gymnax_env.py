@@ -1,6 +1,7 @@
 """gymnax environments (JAX classic control and more) stepped in the graph: gymnax's
-``step`` vmapped over the copies (it resets finished episodes and reports ``terminated``,
-``truncated`` and the final observation apart, for bootstrapping)."""
+``step`` of one env, which the compiler vmaps over the env dim (it resets finished
+episodes and reports ``terminated``, ``truncated`` and the final observation apart, for
+bootstrapping)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,10 @@ class GymnaxEnv(JaxEnv):
         self.obs_shape = tuple(self.env.observation_space(self.params).shape)
         super().__init__(num_envs, seed)
 
-    def reset_batch(self, key: jax.Array) -> tuple[jax.Array, Any]:
-        keys = jax.random.split(key, self.num_envs)
-        return jax.vmap(self.env.reset_env, in_axes=(0, None))(keys, self.params)
+    def reset_env(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        return self.env.reset_env(key, self.params)
 
     def transition(self, key: jax.Array, state: Any, action: jax.Array) -> tuple[Any, ...]:
-        keys = jax.random.split(key, self.num_envs)
-        obs, state, reward, terminated, truncated, info = jax.vmap(
-            self.env.step, in_axes=(0, 0, 0, None))(keys, state, action.astype(jnp.int32), self.params)
+        obs, state, reward, terminated, truncated, info = self.env.step(
+            key, state, action.astype(jnp.int32), self.params)
         return obs, reward, terminated, truncated, info["final_observation"], state

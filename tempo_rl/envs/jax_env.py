@@ -1,12 +1,12 @@
 """Environments written in JAX, stepped in the graph.
 
-The env's state is a pytree; each leaf, batched over the ``num_envs`` copies, is a
-placeholder over ``(i, t)`` like the observation: the initial state at ``(0, 0)``, the
-last one of the previous iteration at ``(i+1, 0)``, the step's output at ``(i, t+1)``.
-One step is a traceable UDF (``tp.udf(..., traceable=True)``): a device op the compiler
-fuses with the policy around it. Its random keys come from the program's own draws at
-each point, so runs are reproducible and resume exactly. Subclasses (gymnax, Brax) say
-how to reset and step a batch of copies.
+The env's state is a pytree; each leaf is a placeholder over ``(b, i, t)`` like the
+observation: env ``b``'s initial state at ``(b, 0, 0)``, its last one of the previous
+iteration at ``(b, i+1, 0)``, the step's output at ``(b, i, t+1)``. One step of one env
+is a traceable UDF (``tp.udf(..., traceable=True)``): a device op that the compiler vmaps
+over the env dim and fuses with the policy around it. Its random keys come from the
+program's own draws at each point, so runs are reproducible and resume exactly.
+Subclasses (gymnax, Brax) say how to reset and step one env.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 import tempo as tp
 from tempo.symbolic.expr import Symbol
-from tempo_rl.envs.base import EnvBase, Policy, Rollout
+from tempo_rl.envs.base import EnvBase, Policy, Rollout, saved_marker
 
 
 class JaxEnv(EnvBase):
@@ -34,24 +34,25 @@ class JaxEnv(EnvBase):
     def __init__(self, num_envs: int, seed: int):
         super().__init__(num_envs)
         self.num_envs, self.seed = num_envs, seed
-        obs, state = self.reset_batch(jax.random.PRNGKey(seed))
+        keys = jax.random.split(jax.random.PRNGKey(seed), num_envs)
+        obs, state = jax.vmap(self.reset_env)(keys)
         leaves, self._treedef = jax.tree_util.tree_flatten(state)
-        self._leaf_types = [(tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves]
+        self._leaf_types = [(tuple(leaf.shape[1:]), str(leaf.dtype)) for leaf in leaves]
         self._initial = (np.asarray(obs, np.float32), [np.asarray(leaf) for leaf in leaves])
 
-    # ---- what a subclass defines (pure JAX, batched over the copies) -----------------
-    def reset_batch(self, key: jax.Array) -> tuple[jax.Array, Any]:
-        """``(obs, state)`` of ``num_envs`` fresh episodes."""
+    # ---- what a subclass defines (pure JAX, one env) ----------------------------------
+    def reset_env(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        """``(obs, state)`` of a fresh episode."""
         raise NotImplementedError
 
     def transition(self, key: jax.Array, state: Any, action: jax.Array) -> tuple[Any, ...]:
-        """``(obs, reward, terminated, truncated, final_obs, state)``, with finished
-        episodes already reset (``final_obs`` is the observation before that reset)."""
+        """``(obs, reward, terminated, truncated, final_obs, state)``, a finished episode
+        already reset (``final_obs`` is the observation before that reset)."""
         raise NotImplementedError
 
     # ---- shared -----------------------------------------------------------------------
     def step(self, seed: jax.Array, action: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
-        """Pure JAX: ``(obs, reward, terminated, truncated, final_obs, *next_leaves)``."""
+        """Pure JAX, one env: ``(obs, reward, terminated, truncated, final_obs, *next_leaves)``."""
         state = jax.tree_util.tree_unflatten(self._treedef, leaves)
         obs, reward, terminated, truncated, final, state = self.transition(
             jax.random.PRNGKey(seed), state, action)
@@ -59,17 +60,20 @@ class JaxEnv(EnvBase):
                 truncated.astype("float32"), final.astype("float32"),
                 *jax.tree_util.tree_leaves(state))
 
-    def _reset(self) -> tuple[np.ndarray, ...]:
+    def _reset(self, point: dict[str, int]) -> tuple[np.ndarray, ...]:
         obs, leaves = self._initial
-        return (obs, *leaves)
+        k = point.get(self._env_dim)
+        if k is None:
+            return (obs, *leaves)
+        return (obs[k], *(leaf[k] for leaf in leaves))
 
     def _carry(self, point: dict[str, int], rewards: np.ndarray, dones: np.ndarray,
                obs: np.ndarray, *leaves: np.ndarray) -> tuple:
-        """Between iterations: count the iteration's episodes, keep the state the next
-        one starts from."""
-        self._record_rollout(rewards, dones)
+        """Between iterations (of one env, or all): count the iteration's episodes, keep
+        the state the next one starts from."""
+        self._record_rollout(point, rewards, dones)
         iteration = self._keep_snapshot(point, {"obs": obs, "leaves": list(leaves)})
-        return (obs, *leaves, np.float32(iteration))
+        return (obs, *leaves, np.full(rewards.shape[:-1], iteration, np.float32))
 
     def restore(self, state: bytes) -> None:
         saved = pickle.loads(state)
@@ -78,23 +82,24 @@ class JaxEnv(EnvBase):
         self._initial = (saved["obs"], saved["leaves"])
         self.stats.resume(saved)
 
-    def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
-        obs_type = ((self.num_envs, *self.obs_shape), "float32")
-        self._iteration_dim = i.name
-        obs = tp.placeholder(shape=obs_type[0], dtype="float32", domain=(i, t))
-        leaves = [tp.placeholder(shape=s, dtype=d, domain=(i, t)) for s, d in self._leaf_types]
-        first = tp.udf(self._reset, [], [obs_type, *self._leaf_types], name="env_reset")
+    def rollout(self, policy: Policy, b: Symbol, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
+        obs_type = (self.obs_shape, "float32")
+        self._dims(b, i)
+        obs = tp.placeholder(shape=obs_type[0], dtype="float32", domain=(b, i, t))
+        leaves = [tp.placeholder(shape=s, dtype=d, domain=(b, i, t)) for s, d in self._leaf_types]
+        types = [obs_type, *self._leaf_types]
+        first = self._env_udf(self._reset, [], types, "env_reset", domain=(b,), batched=self._reset)
         action, extras = policy(obs)
-        seed = tp.randint(0, 2**31 - 1, domain=(i, t))
+        seed = tp.randint(0, 2**31 - 1, domain=(b, i, t))
         nxt, reward, terminated, truncated, final, *after = tp.udf(
             self.step, [seed, action, *leaves], traceable=True, name="env_step")
         done = tp.max(terminated, truncated)
-        carried = tp.udf(self._carry, [reward[i, 0:T], done[i, 0:T], nxt[i, T - 1],
-                                       *(leaf[i, T - 1] for leaf in after)],
-                         [obs_type, *self._leaf_types, ((), "float32")], name="env_carry",
-                         pass_point=True)
+        carried = self._env_udf(self._carry, [reward[b, i, 0:T], done[b, i, 0:T], nxt[b, i, T - 1],
+                                              *(leaf[b, i, T - 1] for leaf in after)],
+                                [*types, ((), "float32")], "env_carry", batched=self._carry)
         for var, start, carry, step_out in zip([obs, *leaves], first, carried, [nxt, *after]):
-            var[0, 0] = start
-            var[i + 1, 0] = carry
-            var[i, t + 1] = step_out
-        return Rollout(obs, action, reward, terminated, truncated, final, extras, carried[-1])
+            var[b, 0, 0] = start
+            var[b, i + 1, 0] = carry
+            var[b, i, t + 1] = step_out
+        return Rollout(obs, action, reward, terminated, truncated, final, extras,
+                       saved_marker(carried[-1], b, i))

@@ -2,9 +2,9 @@
 observation seen so far, updated at each step of each iteration.
 
 ``NormalizedObservations(env)`` wraps any env: at ``(i, t)`` the statistics take in the
-batch of observations of that step (Chan et al.'s parallel update of mean, variance and
-count, starting from mean 0, variance 1 and count 1e-4 as gymnasium's
-``NormalizeObservation``), and the policy, and the learner after it, see
+observations of every env at that step, ``obs[0:B, i, t]`` (Chan et al.'s parallel update
+of mean, variance and count, starting from mean 0, variance 1 and count 1e-4 as
+gymnasium's ``NormalizeObservation``), and the policy, and the learner after it, see
 ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``. The statistics carry over from the
 last step of an iteration to the first of the next, and are part of checkpoints
 (``state``, ``load_state``), so a resumed run continues them exactly. The final
@@ -45,33 +45,34 @@ class NormalizedObservations:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.env, name)
 
-    def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
+    def rollout(self, policy: Policy, b: Symbol, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
         seen: dict[str, RecurrentTensor] = {}
 
         def normalizing(obs: RecurrentTensor):
             self.raw_obs = obs
-            self.statistics = self._running_statistics(obs, i, t, T)
+            self.statistics = self._running_statistics(obs, b, i, t, T)
             seen["obs"] = self.normalize(obs)
             return policy(seen["obs"])
-        ro = self.env.rollout(normalizing, i, t, T)
+        ro = self.env.rollout(normalizing, b, i, t, T)
         return dataclasses.replace(ro, obs=seen["obs"], final_obs=self.normalize(ro.final_obs))
 
     def normalize(self, obs: RecurrentTensor) -> RecurrentTensor:
-        """``obs`` (over ``(i, t)``) with that step's statistics."""
+        """``obs`` (over ``(b, i, t)``) with that step's statistics."""
         mean, var = self.statistics["mean"], self.statistics["var"]
         return ((obs - mean) / (var + EPSILON).sqrt()).clip(-CLIP, CLIP)
 
-    def _running_statistics(self, obs: RecurrentTensor, i: Symbol, t: Symbol, T: Symbol
-                            ) -> dict[str, RecurrentTensor]:
+    def _running_statistics(self, obs: RecurrentTensor, b: Symbol, i: Symbol, t: Symbol,
+                            T: Symbol) -> dict[str, RecurrentTensor]:
         ctx = obs.ctx
-        shape = tuple(int(d.value) for d in obs.shape[1:])
+        shape = tuple(int(d.value) for d in obs.shape)
         self.initial = {"mean": constant(ctx, np.zeros(shape, np.float32)),
                         "var": constant(ctx, np.ones(shape, np.float32)),
                         "count": constant(ctx, np.asarray(INITIAL_COUNT, np.float32))}
         stats = {name: tp.placeholder(shape=value.shape, dtype="float32", domain=(i, t))
                  for name, value in self.initial.items()}
-        batch_mean = obs.mean(0)
-        batch = (batch_mean, ((obs - batch_mean) ** 2).mean(0), float(obs.shape[0].value))
+        every = obs[0:ctx.bound_of[b], i, t]  # the step's observations of every env
+        batch_mean = every.mean(0)
+        batch = (batch_mean, ((every - batch_mean) ** 2).mean(0), float(self.env.num_envs))
         first = _combined(self.initial, batch)
         for name, value in first.items():
             stats[name][0, 0] = value[0, 0] if value.domain else value

@@ -9,7 +9,7 @@ earns ``episode_length / num_actions`` per episode, a perfect one ``episode_leng
 
 The step is a ``traceable`` UDF: a device op the compiler fuses with the policy around
 it. Its state (the observation and the step count within the episode) is a pair of
-placeholders over ``(i, t)``; the fresh observation comes from the program's own random
+placeholders over ``(b, i, t)``; the fresh observation comes from the program's own random
 draws (``tp.normal`` keyed by the point), so runs are reproducible and resume exactly.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 
 import tempo as tp
 from tempo.symbolic.expr import Symbol
-from tempo_rl.envs.base import EnvBase, Policy, Rollout
+from tempo_rl.envs.base import EnvBase, Policy, Rollout, saved_marker
 
 
 class SyntheticEnv(EnvBase):
@@ -44,9 +44,8 @@ class SyntheticEnv(EnvBase):
     # ---- in the graph ---------------------------------------------------------------
     def step(self, obs: jax.Array, count: jax.Array, action: jax.Array,
              fresh: jax.Array) -> tuple[jax.Array, ...]:
-        """Pure JAX: ``(next_obs, reward, truncated, next_count)``."""
-        first = obs.reshape(obs.shape[0], -1)[:, 0]
-        probability = jax.scipy.stats.norm.cdf(first)  # uniform on (0, 1) for normal draws
+        """Pure JAX, one env: ``(next_obs, reward, truncated, next_count)``."""
+        probability = jax.scipy.stats.norm.cdf(obs.reshape(-1)[0])  # uniform on (0, 1)
         target = jnp.minimum((probability * self.num_actions).astype(jnp.int32), self.num_actions - 1)
         reward = (action.astype(jnp.int32) == target).astype(jnp.float32)
         count = count + 1.0
@@ -54,20 +53,23 @@ class SyntheticEnv(EnvBase):
         return fresh, reward, truncated, count * (1.0 - truncated)
 
     # ---- on the host ------------------------------------------------------------------
-    def _reset(self) -> tuple[np.ndarray, np.ndarray]:
+    def _reset(self, point: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
         if self._restored is not None:
-            return self._restored["obs"], self._restored["count"]
-        rng = np.random.default_rng(self.seed)
-        obs = rng.standard_normal((self.num_envs, *self.obs_shape)).astype(np.float32)
-        return obs, np.zeros(self.num_envs, np.float32)
+            obs, count = self._restored["obs"], self._restored["count"]
+        else:
+            rng = np.random.default_rng(self.seed)
+            obs = rng.standard_normal((self.num_envs, *self.obs_shape)).astype(np.float32)
+            count = np.zeros(self.num_envs, np.float32)
+        k = point.get(self._env_dim)
+        return (obs, count) if k is None else (obs[k], count[k])
 
     def _carry(self, point: dict[str, int], obs: np.ndarray, count: np.ndarray,
                rewards: np.ndarray, truncated: np.ndarray) -> tuple:
-        """Between iterations: count the iteration's episodes, keep the state the next
-        one starts from."""
-        self._record_rollout(rewards, truncated)
+        """Between iterations (of one env, or all): count the iteration's episodes, keep
+        the state the next one starts from."""
+        self._record_rollout(point, rewards, truncated)
         iteration = self._keep_snapshot(point, {"obs": obs, "count": count})
-        return obs, count, np.float32(iteration)
+        return obs, count, np.full(np.shape(count), iteration, np.float32)
 
     def restore(self, state: bytes) -> None:
         saved = pickle.loads(state)
@@ -77,25 +79,26 @@ class SyntheticEnv(EnvBase):
         self.stats.resume(saved)
 
     # ---- program side -----------------------------------------------------------------
-    def rollout(self, policy: Policy, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
-        n, shape = self.num_envs, (self.num_envs, *self.obs_shape)
-        self._iteration_dim = i.name
-        obs = tp.placeholder(shape=shape, dtype="float32", domain=(i, t))
-        count = tp.placeholder(shape=(n,), dtype="float32", domain=(i, t))
-        first_obs, first_count = tp.udf(self._reset, [], [(shape, "float32"), ((n,), "float32")],
-                                        name="env_reset")
+    def rollout(self, policy: Policy, b: Symbol, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
+        self._dims(b, i)
+        obs_type, count_type = (self.obs_shape, "float32"), ((), "float32")
+        obs = tp.placeholder(shape=self.obs_shape, dtype="float32", domain=(b, i, t))
+        count = tp.placeholder(shape=(), dtype="float32", domain=(b, i, t))
+        first_obs, first_count = self._env_udf(self._reset, [], [obs_type, count_type], "env_reset",
+                                               domain=(b,), batched=self._reset)
         action, extras = policy(obs)
-        fresh = tp.normal(shape, domain=(i, t))
+        fresh = tp.normal(self.obs_shape, domain=(b, i, t))
         nxt, reward, truncated, next_count = tp.udf(self.step, [obs, count, action, fresh],
                                                     traceable=True, name="env_step")
-        carried_obs, carried_count, saved = tp.udf(
-            self._carry, [nxt[i, T - 1], next_count[i, T - 1], reward[i, 0:T], truncated[i, 0:T]],
-            [(shape, "float32"), ((n,), "float32"), ((), "float32")], name="env_carry",
-            pass_point=True)
-        obs[0, 0] = first_obs
-        obs[i + 1, 0] = carried_obs
-        obs[i, t + 1] = nxt
-        count[0, 0] = first_count
-        count[i + 1, 0] = carried_count
-        count[i, t + 1] = next_count
-        return Rollout(obs, action, reward, reward * 0.0, truncated, nxt, extras, saved)
+        carried_obs, carried_count, saved = self._env_udf(
+            self._carry, [nxt[b, i, T - 1], next_count[b, i, T - 1], reward[b, i, 0:T],
+                          truncated[b, i, 0:T]],
+            [obs_type, count_type, count_type], "env_carry", batched=self._carry)
+        obs[b, 0, 0] = first_obs
+        obs[b, i + 1, 0] = carried_obs
+        obs[b, i, t + 1] = nxt
+        count[b, 0, 0] = first_count
+        count[b, i + 1, 0] = carried_count
+        count[b, i, t + 1] = next_count
+        return Rollout(obs, action, reward, reward * 0.0, truncated, nxt, extras,
+                       saved_marker(saved, b, i))

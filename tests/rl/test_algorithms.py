@@ -62,8 +62,7 @@ def _steps_acted_before_learning(build, cfg, num_steps: int = 24) -> int:
     returns from a window of rewards (learning for step 0), in the executed order."""
     env = GymnasiumEnv("CartPole-v1", num_envs=2, seed=0)
     program = build(env, cfg)
-    I, T = program.ctx.bounds
-    exe = program.ctx.compile({I: 2, T: num_steps}, backend="numpy", passes=_UNVECTORIZED)
+    exe = program.ctx.compile(program.bounds(2, num_steps), backend="numpy", passes=_MEMORY_LEAN)
     reader = _return_window_reader(exe.graph)
     acted = 0
     for kind, op, point in exe.execution_order():
@@ -74,14 +73,17 @@ def _steps_acted_before_learning(build, cfg, num_steps: int = 24) -> int:
     raise AssertionError("the returns were never computed in the first iteration")
 
 
-_UNVECTORIZED = [name for name, _ in PIPELINE if name != "vectorize"]
+# Without vectorization (which batches the per-step learning after the rollout) and
+# fusion (whose islands join the returns with learner ops that isl then places after the
+# rollout, in the program over (b, i, t)).
+_MEMORY_LEAN = [name for name, _ in PIPELINE if name not in ("vectorize", "fusion")]
 
 
 def test_nstep_learns_during_the_rollout_and_reinforce_after_it():
     """Paper §7.4: with n-step returns the work for step t runs while acting goes on,
     about n steps behind it; with Monte-Carlo returns r[t:T] it cannot start before the
     rollout ends. (Vectorized, the per-step work of both runs batched after the rollout:
-    the schedule that holds less memory is the unvectorized one.)"""
+    the schedule that holds less memory is the one without vectorization and fusion.)"""
     assert 4 <= _steps_acted_before_learning(nstep.build, nstep.NStepConfig(n=4)) <= 4 + 1
     assert _steps_acted_before_learning(reinforce.build, reinforce.ReinforceConfig()) == 24
 
@@ -93,11 +95,11 @@ def test_nstep_returns_match_numpy():
     env = GymnasiumEnv("CartPole-v1", num_envs=3, seed=1)
     n, gamma = 3, 0.9
     program = nstep.build(env, nstep.NStepConfig(n=n, gamma=gamma))
-    I, T = program.ctx.bounds
     v = program.values
     keys = ["returns", "reward", "terminated", "truncated", "next_value"]
-    res = program.ctx.compile({I: 2, T: 40}, [v[k] for k in keys], backend="numpy").run()
-    ret, rew, term, trunc, nv = (np.asarray(res[v[k]]) for k in keys)
+    res = program.ctx.compile(program.bounds(2, 40), [v[k] for k in keys], backend="numpy").run()
+    # (env, iteration, step) -> (iteration, step, env): the loops below run over steps
+    ret, rew, term, trunc, nv = (np.moveaxis(np.asarray(res[v[k]]), 0, 2) for k in keys)
     assert (term + trunc).sum() > 0  # episodes end inside the rollout
     done = np.maximum(term, trunc)
     expected = np.zeros_like(ret)

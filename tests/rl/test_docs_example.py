@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import tempo as tp
 from tempo.api import optim
 from tempo.api.distributions import Categorical
-from tempo_rl.algorithms.common import TrainProgram, actor_critic
+from tempo_rl.algorithms.common import TrainProgram, actor_critic, rl_context
 """
 
 
@@ -21,7 +21,6 @@ def test_td0_example_from_the_docs_runs():
     exec(compile(IMPORTS + code, str(DOC), "exec"), namespace)  # noqa: S102 - our own docs
     env = GymnasiumEnv("CartPole-v1", num_envs=2, seed=0)
     program = namespace["build"](env, namespace["TD0Config"]())
-    I, T = program.ctx.bounds
-    res = program.ctx.compile({I: 3, T: 20}, list(program.metrics.values()), backend="numpy").run()
+    res = program.ctx.compile(program.bounds(3, 20), list(program.metrics.values()), backend="numpy").run()
     assert all(len(res[m]) == 3 for m in program.metrics.values())
     assert env.episode_returns  # 120 random-ish steps finish some CartPole episodes

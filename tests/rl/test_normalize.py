@@ -31,19 +31,21 @@ def _numpy_normalized(raw: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray
 
 def test_statistics_follow_a_numpy_running_mean_and_variance():
     env = NormalizedObservations(GymnasiumEnv("CartPole-v1", num_envs=3, seed=0))
-    ctx = tp.Context(dims=("i", "t"))
-    (i, t), (I, T) = ctx.dims, ctx.bounds
+    ctx = tp.Context(dims=("b", "i", "t"), parallel=("b",))
+    (b, i, t), (B, I, T) = ctx.dims, ctx.bounds
     with ctx:
-        ro = env.rollout(lambda obs: ((obs[i, t, :, 2] > 0).astype("int64"), {}), i, t, T)
+        ro = env.rollout(lambda obs: ((obs[b, i, t, 2] > 0).astype("int64"), {}), b, i, t, T)
         state = env.state
     outputs = [env.raw_obs, ro.obs, *state.values()]
-    res = ctx.compile({I: 3, T: 6}, outputs, backend="numpy").run()
-    raw = res[env.raw_obs]
-    expected, final = _numpy_normalized(raw)
-    np.testing.assert_allclose(res[ro.obs], expected, rtol=1e-4, atol=1e-4)
+    res = ctx.compile({B: 3, I: 3, T: 6}, outputs, backend="numpy").run()
+
+    def step_major(x: np.ndarray) -> np.ndarray:  # (env, i, t, obs) -> (i, t, env, obs)
+        return np.moveaxis(x, 0, 2)
+    expected, final = _numpy_normalized(step_major(res[env.raw_obs]))
+    np.testing.assert_allclose(step_major(res[ro.obs]), expected, rtol=1e-4, atol=1e-4)
     for name, value in final.items():
         np.testing.assert_allclose(res[state[f"obs_norm.{name}"]][-1], value, rtol=1e-4, atol=1e-4)
-    assert np.abs(res[ro.obs][-1].mean(axis=(0, 1))).max() < 1.0  # roughly centred by then
+    assert np.abs(res[ro.obs][:, -1].mean(axis=(0, 1))).max() < 1.0  # roughly centred by then
 
 
 def test_a_resumed_run_continues_the_statistics(tmp_path):

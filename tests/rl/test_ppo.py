@@ -87,15 +87,16 @@ def test_gae_and_every_update_match_a_jax_reference(run):
     state = adam.init(current)
     grad = jax.grad(_loss)
     for i in range(ITERATIONS):
-        obs, final = values["obs"][i], values["final_obs"][i]
-        np.testing.assert_allclose(values["log_prob"][i], _policy(current, obs, values["action"][i])[0],
+        v = {k: x[:, i] for k, x in values.items() if k != "minibatch_index"}  # (env, step, ...)
+        obs, final = v["obs"], v["final_obs"]
+        np.testing.assert_allclose(v["log_prob"], _policy(current, obs, v["action"])[0],
                                    rtol=1e-5, atol=1e-5)
         value = np.asarray(_critic(current, obs))
-        next_value = np.asarray(_critic(current, final)) * (1 - values["terminated"][i])
-        done = np.maximum(values["terminated"][i], values["truncated"][i])
-        adv = _gae(values["reward"][i], value, next_value, done)
-        np.testing.assert_allclose(values["advantage"][i], adv, rtol=1e-4, atol=1e-4)
-        flat = {k: values[k][i].reshape(CFG.num_steps * ENVS, *values[k].shape[3:])
+        next_value = np.asarray(_critic(current, final)) * (1 - v["terminated"])
+        done = np.maximum(v["terminated"], v["truncated"])
+        adv = _gae(v["reward"].T, value.T, next_value.T, done.T).T  # over steps, per env
+        np.testing.assert_allclose(v["advantage"], adv, rtol=1e-4, atol=1e-4)
+        flat = {k: v[k].reshape(CFG.num_steps * ENVS, *v[k].shape[2:])  # env-major, as the program
                 for k in ("obs", "action", "log_prob")}
         flat_adv, flat_ret = adv.reshape(-1), (adv + value).reshape(-1)
         lr = CFG.learning_rate * (1 - i / ITERATIONS)

@@ -3,6 +3,7 @@ graph, and the same program on the JAX backend."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.stats import norm
@@ -18,8 +19,9 @@ def test_step_rewards_the_bucket_of_the_first_entry_and_truncates():
     action = np.array([0, 1, 2, 0, 1, 2])
     count = np.array([0, 1, 2, 3, 3, 0], np.float32)
     fresh = np.ones_like(obs)
-    nxt, reward, truncated, next_count = env.step(jnp.asarray(obs), jnp.asarray(count),
-                                                  jnp.asarray(action), jnp.asarray(fresh))
+    step = jax.vmap(env.step)  # the step is one env's; the compiler vmaps it over the env dim
+    nxt, reward, truncated, next_count = step(jnp.asarray(obs), jnp.asarray(count),
+                                              jnp.asarray(action), jnp.asarray(fresh))
     bucket = np.minimum((norm.cdf(obs[:, 0, 0]) * 3).astype(int), 2)
     np.testing.assert_array_equal(np.asarray(reward), (action == bucket).astype(np.float32))
     np.testing.assert_array_equal(np.asarray(truncated), [0, 0, 0, 1, 1, 0])
