@@ -115,9 +115,14 @@ def _random(dist: str, shape: Sequence[int], dtype: str, domain: Sequence[Symbol
     for d in shape:
         if not as_expr(d).is_const:
             raise ShapeError("random tensors need a static shape", user_site())
+    # Parallel dims are keyed last, so that a draw laid out over one shares the keying of
+    # the other coordinates, and the last of them counts elements (tempo.ir.random).
+    keyed = (*(d for d in dims if d not in ctx.parallel), *(d for d in dims if d in ctx.parallel))
+    counted = bool(keyed) and keyed[-1] in ctx.parallel
     params = {"dist": dist, "shape": tuple(int(as_expr(d).value) for d in shape),
-              "dtype": dtype, "seed": ctx.seed, "key": len(ctx.graph.ops), **params}
-    point = [RecurrentTensor(ctx, ctx.add_op("coords", [], {"dims": dims}, domain=dims, label="point"))] \
+              "dtype": dtype, "seed": ctx.seed, "key": len(ctx.graph.ops), **params,
+              **({"counted": True} if counted else {})}
+    point = [RecurrentTensor(ctx, ctx.add_op("coords", [], {"dims": keyed}, domain=dims, label="point"))] \
         if dims else []
     return RecurrentTensor(ctx, ctx.add_op("rng", point, params, domain=dims, label=dist))
 

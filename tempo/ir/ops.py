@@ -448,8 +448,15 @@ def _coords(p: dict, point: dict, *inputs: Any) -> np.ndarray:
     if "stacked" not in p:
         return np.asarray([point[d] for d in p["dims"]], dtype=np.uint32)
     at, size = p["stacked"]  # the coordinates of every point of a parallel dim laid out
-    return np.stack([np.arange(size) if k == at else np.full(size, point[d])
-                     for k, d in enumerate(p["dims"])], axis=1).astype(np.uint32)
+    out = np.empty((size, len(p["dims"])), np.uint32)
+    for k, d in enumerate(p["dims"]):
+        out[:, k] = _arange_u32(size) if k == at else point[d]
+    return out
+
+
+@functools.cache
+def _arange_u32(size: int) -> np.ndarray:
+    return np.arange(size, dtype=np.uint32)
 
 
 def _infer_coords(dims: tuple, stacked: tuple[int, int] | None = None) -> tuple[TensorType]:

@@ -10,7 +10,10 @@ one did.
 
 Keying: the key is ``(seed, op key)``; each coordinate of the point is folded in by one
 Threefry call (in the manner of ``jax.random.fold_in``); element ``n`` of the draw is the encryption of
-the counter ``(n, 0)``, which gives two 32-bit words per element.
+the counter ``(n, 0)``, which gives two 32-bit words per element. Where the last
+coordinate is a parallel dim's (``tp.Context(parallel=...)``, keyed last), it is not
+folded: the counter is ``(n, b)``, so the draws of every ``b`` at once are one
+encryption.
 """
 
 from __future__ import annotations
@@ -41,21 +44,30 @@ def threefry2x32(xp: Any, key: tuple[Any, Any], counter: tuple[Any, Any]) -> tup
     return x0, x1
 
 
-def random_bits(xp: Any, seed: int, key: int, coords: Any, size: int) -> tuple[Any, Any]:
+def random_bits(xp: Any, seed: int, key: int, coords: Any, size: int,
+                shared: int = 0, counted: bool = False) -> tuple[Any, Any]:
     """Two uint32 words for each of ``size`` elements of the draw at point ``coords`` (of
-    each draw, one per row, when ``coords`` is a matrix)."""
+    each draw, one per row, when ``coords`` is a matrix whose first ``shared`` columns are
+    the same in every row). ``counted``: the last coordinate (a parallel dim's) is the
+    counter's second word instead of being folded into the key, so that a draw laid out
+    over that dim costs one encryption."""
     u32 = xp.uint32
+    rows = coords is not None and coords.ndim == 2
     with _wrapping(xp):
         k = (u32(seed & 0xFFFFFFFF), u32(key & 0xFFFFFFFF))
         if seed >> 32:  # seeds beyond 32 bits: the high word folded in too
             k = threefry2x32(xp, k, (u32((seed >> 32) & 0xFFFFFFFF), u32(0xFFFFFFFF)))
-        for n in range(coords.shape[-1] if coords is not None else 0):
-            k = threefry2x32(xp, k, (coords[..., n], u32(n)))
+        folded = (coords.shape[-1] if coords is not None else 0) - int(counted)
+        for n in range(folded):
+            column = coords[0, n] if rows and n < shared else coords[..., n]
+            k = threefry2x32(xp, k, (column, u32(n)))
         counter = xp.arange(size, dtype=xp.uint32)
-        if coords is not None and coords.ndim == 2:  # one row of coordinates per draw
-            k = (k[0][:, None], k[1][:, None])
+        word = coords[..., -1] if counted else u32(0)
+        if rows:  # one row of coordinates per draw
+            k = tuple(x[:, None] if getattr(x, "ndim", 0) else x for x in k)
             counter = counter[None, :]
-        return threefry2x32(xp, k, (counter, xp.zeros_like(counter)))
+            word = word[:, None] if counted else word
+        return threefry2x32(xp, k, (counter + xp.zeros_like(word), word + xp.zeros_like(counter)))
 
 
 def unit_interval(xp: Any, bits: Any) -> Any:
@@ -70,7 +82,7 @@ def sample(xp: Any, p: dict, coords: Any = None) -> Any:
     size = int(np.prod(shape, dtype=np.int64))
     if "batch" in p:  # a parallel dim laid out: one draw per row of ``coords``
         shape = (int(p["batch"]), *shape)
-    a, b = random_bits(xp, p["seed"], p["key"], coords, size)
+    a, b = random_bits(xp, p["seed"], p["key"], coords, size, p.get("shared", 0), p.get("counted", False))
     if p["dist"] == "uniform":  # below high even where float32 rounding would reach it
         u = unit_interval(xp, a)
         top = np.nextafter(np.float32(p["high"]), np.float32(p["low"]))

@@ -119,8 +119,9 @@ def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol
             if p["expr"] is dim else None
     if dim in param_symbols(p):
         return None
-    if op.kind == "rng":
-        return Rule({**p, "batch": size}, (0,)) if "batch" not in p else None
+    if op.kind == "rng":  # the coordinates keyed before the dim are the same in every row
+        shared = edges[0].src.params["dims"].index(dim)
+        return Rule({**p, "batch": size, "shared": shared}, (0,)) if "batch" not in p else None
     if op.kind == "merge":
         if not all(rows) or any(dim in e.cond.symbols() for e in edges):
             return None

@@ -49,17 +49,29 @@ class GymnasiumEnv(EnvBase):
 
     def _step(self, point: dict[str, int], action: np.ndarray) -> tuple[np.ndarray, ...]:
         k = point[self._env_dim]
+        obs, reward, terminated, truncated, final = self._step_env(k, action)
+        self.stats.record_env(k, reward, terminated or truncated)
+        return (np.asarray(obs, np.float32), np.float32(reward), np.float32(terminated),
+                np.float32(truncated), np.asarray(final, np.float32))
+
+    def _step_all(self, point: dict[str, int], actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        steps = [self._step_env(k, action) for k, action in enumerate(actions)]
+        obs, reward, terminated, truncated, final = zip(*steps)
+        reward, terminated, truncated = (np.asarray(x, np.float32) for x in (reward, terminated, truncated))
+        self.stats.record(reward, np.maximum(terminated, truncated))
+        return (np.asarray(obs, np.float32), reward, terminated, truncated, np.asarray(final, np.float32))
+
+    def _step_env(self, k: int, action: np.ndarray) -> tuple:
+        """Env ``k``'s step, reset in the same step when its episode ends."""
         if self.discrete:
             action = int(action)
         else:  # the policy's Gaussian is unbounded; the env takes actions in its box
             action = np.clip(action, self.action_space.low, self.action_space.high)
         obs, reward, terminated, truncated, _ = self.envs[k].step(action)
-        final = np.asarray(obs, np.float32)
+        final = obs
         if terminated or truncated:
             obs, _ = self.envs[k].reset()
-        self.stats.record_env(k, reward, terminated or truncated)
-        return (np.asarray(obs, np.float32), np.float32(reward), np.float32(terminated),
-                np.float32(truncated), final)
+        return obs, reward, terminated, truncated, final
 
     # ---- checkpoints -------------------------------------------------------------------
     def _carry(self, point: dict[str, int], last_obs: np.ndarray) -> tuple[np.ndarray, np.float32]:
@@ -88,7 +100,8 @@ class GymnasiumEnv(EnvBase):
         action, extras = policy(obs)
         scalar = ((), "float32")
         nxt, reward, terminated, truncated, final = self._env_udf(
-            self._step, [action], [obs_type, scalar, scalar, scalar, obs_type], "env_step")
+            self._step, [action], [obs_type, scalar, scalar, scalar, obs_type], "env_step",
+            batched=self._step_all)
         carried, saved = self._env_udf(self._carry, [nxt[b, i, T - 1]], [obs_type, scalar],
                                        "env_carry", batched=self._carry)
         obs[b, 0, 0] = first
