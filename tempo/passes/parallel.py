@@ -112,8 +112,8 @@ def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol
     if any(not row and any(dim in x.symbols() for x in (*e.phi, e.cond)) for e, row in zip(edges, rows)):
         return None  # an RT without the dim read at an index that uses it
     p = op.params
-    if op.kind == "coords":
-        return Rule({**p, "stacked": (p["dims"].index(dim), size)}, ())
+    if op.kind == "coords":  # one parallel dim laid out per draw
+        return Rule({**p, "stacked": (p["dims"].index(dim), size)}, ()) if "stacked" not in p else None
     if op.kind == "eval_symbol":
         return Rule({"size": size, "dtype": p["dtype"]}, (), kind="arange", inputs=0) \
             if p["expr"] is dim else None
@@ -153,8 +153,8 @@ def _reader_sum_rule(op: Op, edge: Edge, dim: Symbol, size: int,
     """A gradient over ``dim``: each reader's slice gains the stacked axis, kept whole."""
     reads: ReaderSum = op.params["reads"]
     at = op.domain.index(dim)
-    if dim in edge.cond.symbols() or dim in reads.sink_cond.symbols():
-        return None
+    if dim in edge.cond.symbols() or dim in reads.sink_cond.symbols() or reads.lead:
+        return None  # (one parallel dim laid out per gradient)
     if dim in reads.sink_dims:  # the readers are over ``dim`` and read it at ``dim``: g is stacked
         s = reads.sink_dims.index(dim)
         if dim not in edge.src.domain or reads.inverse[s] is not dim:
@@ -194,7 +194,7 @@ def _summable(op: Op, edge: Edge, dim: Symbol, size: int, bounds: dict[Symbol, i
     if dim not in edge.src.domain or dim not in reads.sink_dims:
         return True
     entry = reads.inverse[reads.sink_dims.index(dim)]
-    return isinstance(entry, Slice) and dim not in reads.sink_cond.symbols() \
+    return isinstance(entry, Slice) and dim not in reads.sink_cond.symbols() and not reads.lead \
         and entry.start.substitute(bounds) is const(0) and entry.stop.substitute(bounds) is const(size)
 
 

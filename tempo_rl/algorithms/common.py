@@ -74,6 +74,12 @@ def rl_context(env: Env, seed: int, *dims: str) -> tuple[tp.Context, dict[Symbol
     return ctx, {ctx.bounds[0]: env.num_envs}
 
 
+def annealed(learning_rate: float, i: Symbol, I: Symbol) -> RecurrentTensor:
+    """The learning rate at iteration ``i``, linearly annealed to 0 at ``I`` (CleanRL's)."""
+    progress = tp.symbol_value(i).astype("float32") / tp.symbol_value(I).astype("float32")
+    return learning_rate * (1.0 - progress)
+
+
 def alive_before(done: RecurrentTensor) -> RecurrentTensor:
     """Over a window of steps (dim 0): 1 where no episode ended strictly before."""
     ended_before = done.cumsum(0) - done

@@ -19,6 +19,7 @@ from tempo_rl.algorithms.common import (
     ActorCriticConfig,
     TrainProgram,
     actor_critic,
+    annealed,
     last_included,
     rl_context,
     sampling_policy,
@@ -32,12 +33,13 @@ from tempo_rl.envs import Env
 class NStepConfig(ActorCriticConfig):
     n: int = 5
     ent_coef: float = 0.01
+    anneal_lr: bool = False
 
 
 def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
     ctx, fixed = rl_context(env, seed, "i", "t")
     b, i, t = ctx.dims
-    B, _, T = ctx.bounds
+    B, I, T = ctx.bounds
     with ctx:
         policy, critic = actor_critic(env, cfg.hidden, cfg.activation, (i,))
         ro = env.rollout(sampling_policy(policy, entropy=True), b, i, t, T)
@@ -61,10 +63,13 @@ def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         loss.backward()
         params = policy.parameters() + critic.parameters()
-        opt = optim.Adam(params, lr=cfg.learning_rate, max_grad_norm=cfg.max_grad_norm)
+        lr = annealed(cfg.learning_rate, i, I) if cfg.anneal_lr else cfg.learning_rate
+        opt = optim.Adam(params, lr=lr, max_grad_norm=cfg.max_grad_norm)
         opt.step()
     metrics = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
                "losses/entropy": entropy}
+    if cfg.anneal_lr:
+        metrics["charts/learning_rate"] = lr
     values = {"returns": returns, "advantage": advantage, "reward": ro.reward,
               "terminated": ro.terminated, "truncated": ro.truncated, "next_value": next_value}
     return TrainProgram(ctx, policy, metrics, opt.checkpoint_state(), opt, values, ro, fixed)

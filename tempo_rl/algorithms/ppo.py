@@ -24,6 +24,7 @@ from tempo_rl.algorithms.common import (
     ActorCriticConfig,
     TrainProgram,
     actor_critic,
+    annealed,
     rl_context,
     sampling_policy,
     standardize,
@@ -99,8 +100,7 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
 
         lr: float | RecurrentTensor = cfg.learning_rate
         if cfg.anneal_lr:
-            progress = tp.symbol_value(i).astype("float32") / tp.symbol_value(I).astype("float32")
-            lr = cfg.learning_rate * (1.0 - progress)
+            lr = annealed(cfg.learning_rate, i, I)
         opt = optim.Adam(policy.parameters() + critic.parameters(), lr=lr, eps=cfg.adam_eps,
                          max_grad_norm=cfg.max_grad_norm)
         opt.step()
