@@ -33,7 +33,8 @@ def test_ppo_learns_cartpole_with_the_default_config(tmp_path):
 
 
 def test_nstep_learns_cartpole(tmp_path):
-    """n-step A2C (n = 16): 256k env steps (1000 iterations x 32 steps x 8 envs)."""
+    """n-step A2C (n = 32): 256k env steps (500 iterations x 64 steps x 8 envs), the learning
+    rate annealed."""
     result = train(config("algorithm=nstep"), tmp_path, progress=False)
     assert result.mean_return(last=20) >= 400, result.episode_returns[-20:]
     names = set().union(*(row.keys() for row in result.history))
