@@ -86,15 +86,19 @@ def check_graph(graph: SDG, bound_of: dict[Symbol, Symbol]) -> None:
 
 
 def check_parallel(graph: SDG, parallel: Iterable[Symbol]) -> None:
-    """Ops over a parallel dim read other ops over it at their own point of it only."""
+    """Ops over a parallel dim read it at their own point of it, or the same points of it
+    at every point (``x[0]``, ``x[0:B]``), never at others that depend on it (``x[b - 1]``)."""
     for d in parallel:
         for e in graph.edges():
-            if d in e.sink.domain and d in e.src.domain and e.phi[e.src.domain.index(d)] is not d:
+            if d not in e.src.domain or d not in e.sink.domain:
+                continue
+            entry = e.phi[e.src.domain.index(d)]
+            if entry is not d and d in entry.symbols():
                 raise DomainError(
                     f"{e.sink.label or e.sink.kind} reads {e.src.label or e.src.kind} at "
-                    f"{d.name} = {e.phi[e.src.domain.index(d)]}, but {d.name} is a parallel dim: "
-                    f"a point of it reads no other (read a window of it from an RT without "
-                    f"{d.name}, or declare {d.name} an ordinary dim)", e.sink.site)
+                    f"{d.name} = {entry}, but {d.name} is a parallel dim: a point of it reads "
+                    f"no other point that depends on it (read {d.name} itself, a fixed point or "
+                    f"a fixed window of it, or declare {d.name} an ordinary dim)", e.sink.site)
 
 
 def _check_edge(op: Op, e: Edge, bounds: set[Symbol]) -> None:

@@ -108,9 +108,9 @@ def _requirements_hold(poly: Polyhedral, op: Op, needed: isl.Set | None, dim: Sy
 def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol, int]) -> Rule | None:
     if dim in op.when.symbols() or any(dim in d.symbols() for t in op.outputs for d in t.shape):
         return None
-    rows = [dim in e.src.domain for e in edges]
+    rows = [_is_row(e, dim) for e in edges]
     if any(not row and any(dim in x.symbols() for x in (*e.phi, e.cond)) for e, row in zip(edges, rows)):
-        return None  # an RT without the dim read at an index that uses it
+        return None  # read at an index that uses the dim but is not the dim itself
     p = op.params
     if op.kind == "coords":  # one parallel dim laid out per draw
         return Rule({**p, "stacked": (p["dims"].index(dim), size)}, ()) if "stacked" not in p else None
@@ -122,8 +122,8 @@ def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol
     if op.kind == "rng":  # the coordinates keyed before the dim are the same in every row
         shared = edges[0].src.params["dims"].index(dim)
         return Rule({**p, "batch": size, "shared": shared}, (0,)) if "batch" not in p else None
-    if op.kind == "merge":
-        if not all(rows) or any(dim in e.cond.symbols() for e in edges):
+    if op.kind == "merge":  # branches read the same for every point are broadcast
+        if any(dim in e.cond.symbols() for e in edges):
             return None
         return Rule({**p, "out_type": stacked(p["out_type"], size, 0)}, tuple(0 for _ in edges))
     if op.kind == "traced_udf":
@@ -141,6 +141,11 @@ def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol
     if op.definition.host or op.kind not in RULE_KINDS:
         return None
     return checked_rule(op, edges, rows, size)
+
+
+def _is_row(edge: Edge, dim: Symbol) -> bool:
+    """The edge reads its source (over ``dim``) at ``dim`` itself."""
+    return dim in edge.src.domain and edge.phi[edge.src.domain.index(dim)] is dim
 
 
 def _vmapped(fn: Any, rows: list[bool]) -> Any:
@@ -249,23 +254,34 @@ class _Rewriter:
     def _edge(self, edge: Edge) -> Edge:
         sink, src = self.ops[edge.sink.id], self.ops[edge.src.id]
         if edge.src.id not in self.rules:
-            return Edge(sink, edge.sink_in, src, edge.src_out, edge.phi, edge.cond)
+            return self._broadcast_into_merge(Edge(sink, edge.sink_in, src, edge.src_out, edge.phi,
+                                                   edge.cond))
         at = edge.src.domain.index(self.dim)
         entry, rest = edge.phi[at], (*edge.phi[:at], *edge.phi[at + 1:])
         direct = Edge(sink, edge.sink_in, src, edge.src_out, rest, edge.cond)
         if sink.kind == "sum_readers":  # it reads its input at the points its params name
             return direct
         windows = sum(1 for e in rest if isinstance(e, Slice))  # the read's axes before the stacked one
-        if edge.sink.id in self.rules:  # read at ``dim`` itself: the stacked axis goes first
+        if edge.sink.id in self.rules and entry is self.dim:  # a row: the stacked axis goes first
             moved = self._moved(direct, windows, 0)
             return self._padded(moved, edge)
+        # A window of the dim or one point of it, the same for every point of the sink.
         if isinstance(entry, Slice) and not self._whole(entry):
             direct = self._through(direct, "slice", {"dim": windows, "start": entry.start,
                                                      "stop": entry.stop})
         elif not isinstance(entry, Slice):
-            return self._through(direct, "take", {"dim": windows}, index=entry)
+            return self._broadcast_into_merge(
+                self._through(direct, "take", {"dim": windows}, index=entry))
         before = sum(1 for e in edge.phi[:at] if isinstance(e, Slice))  # where the window over dim was
-        return self._moved(direct, windows, before)
+        return self._broadcast_into_merge(self._moved(direct, windows, before))
+
+    def _broadcast_into_merge(self, edge: Edge) -> Edge:
+        """A laid-out merge's branch read the same for every point of the dim: broadcast
+        to the stacked shape (readers of other kinds broadcast by their rules)."""
+        if edge.sink.kind != "merge" or edge.sink.id not in self.rules:
+            return edge
+        shape = (const(self.size), *input_type(edge).shape)
+        return self._through(edge, "expand", {"shape": shape})
 
     def _whole(self, entry: Slice) -> bool:
         return entry.start.substitute(self.bounds) is const(0) and \

@@ -195,3 +195,56 @@ def test_reading_another_env_is_an_error_naming_the_tensor():
 def test_a_parallel_dim_must_be_a_dim():
     with pytest.raises(DomainError, match="not dims"):
         tp.Context(dims=("i", "t"), parallel=("b",))
+
+
+def test_every_env_reading_one_env_through_a_copy():
+    """``y[0, t]`` is a copy over ``(t,)``; the copies pass makes ops over ``b`` read ``y``
+    at ``b = 0`` directly, which is a read shared by every env, not a row."""
+    ctx, (b, t), (B, T) = _context(("b", "t"))
+    with ctx:
+        y = tp.const(XS[:, 0])[b, t] * 0.5
+        z = y + y[0, t]
+    exe = _check(ctx, [z])
+    assert _laid_out(exe) > 0 and _no_op_over_b(exe)
+
+
+def test_every_env_starting_from_one_state():
+    """A placeholder's branch without ``b`` (a shared initial state) is broadcast."""
+    ctx, (b, t), (B, T) = _context(("b", "t"))
+    with ctx:
+        x = tp.const(XS[:, 0])[b, t]
+        h = tp.placeholder(shape=(H,), dtype="float32", domain=(b, t))
+        h[b, 0] = tp.const(np.ones(H, np.float32))
+        h[b, t + 1] = (h * 0.5 + x).tanh()
+    exe = _check(ctx, [h], passes=["parallel"])
+    assert _laid_out(exe) > 0 and _no_op_over_b(exe)
+
+
+def test_backpropagation_through_time_in_every_env():
+    """The gradient of a recurrence over ``t`` within each env (a recurrent policy's)."""
+    ctx, (b, t), (B, T) = _context(("b", "t"))
+    with ctx:
+        w = tp.const(np.float32(0.7), requires_grad=True)
+        x = tp.const(XS[:, 0, :, 0])[b, t] * w
+        h = tp.placeholder(shape=(), dtype="float32", domain=(b, t))
+        h[b, 0] = x[b, 0]
+        h[b, t + 1] = (h * w + x[b, t + 1]).tanh()
+        loss = h[0:B, 0:T].mean((0, 1))
+        loss.backward()
+        grad = w.grad
+    exe = _check(ctx, [grad], passes=["parallel"])
+    assert _laid_out(exe) > 0
+
+
+def test_a_loss_over_one_env_has_a_gradient():
+    """Autodiff's transposes read one env (``b = 0``) from ops over ``b``: legal, and the
+    same gradient as the reference."""
+    ctx, (b, t), (B, T) = _context(("b", "t"))
+    with ctx:
+        w = tp.const(np.float32(0.5), requires_grad=True)
+        v = tp.const(XS[:, 0, :, 0])[b, t] * w
+        x = v[b, t:T].sum(0)
+        loss = x[0, 0:T].sum()
+        loss.backward()
+        grad = w.grad
+    _check(ctx, [grad])
