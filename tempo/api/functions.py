@@ -181,8 +181,8 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
     Over a parallel dim (``tp.Context(parallel=...)``) the compiler calls a host UDF once
     for every point of that dim at once when it has a ``batched`` form: the same function
     over inputs and outputs with a leading axis of the dim's size (inputs without the dim
-    unchanged; the point, when passed, without the dim). A traceable UDF needs none: it is
-    ``jax.vmap``-ed.
+    unchanged; the point, when passed, without the dim). A UDF over two parallel dims
+    keeps its loops. A traceable UDF needs none: it is ``jax.vmap``-ed.
     """
     if traceable:
         if batched is not None:

@@ -88,7 +88,8 @@ def _rules(graph: SDG, state: PassState, dim: Symbol, size: int
             continue
         if not _requirements_hold(poly, op, needed.get(op.id), dim):
             return {}, f"{op.name} ({op.site}) has a requirement over {dim.name} that fails"
-        rule = _rule(op, graph.in_edges(op), dim, size, state.bounds)
+        others = [d for d in state.parallel if d is not dim and d in op.domain]
+        rule = _rule(op, graph.in_edges(op), dim, size, state.bounds, others)
         if rule is None:
             return {}, f"{op.name} ({op.kind}, {op.site}) has no vectorized form"
         rules[op.id] = rule
@@ -105,7 +106,8 @@ def _requirements_hold(poly: Polyhedral, op: Op, needed: isl.Set | None, dim: Sy
     return True
 
 
-def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol, int]) -> Rule | None:
+def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol, int],
+          other_parallel: list[Symbol]) -> Rule | None:
     if dim in op.when.symbols() or any(dim in d.symbols() for t in op.outputs for d in t.shape):
         return None
     rows = [_is_row(e, dim) for e in edges]
@@ -130,8 +132,8 @@ def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol
         return Rule({**p, "fn": _vmapped(p["fn"], rows),
                      "out_types": tuple(stacked(t, size, 0) for t in p["out_types"])},
                     tuple(0 for _ in edges))
-    if op.kind == "udf":
-        if p.get("batched") is None:
+    if op.kind == "udf":  # a batched form is over the UDF's one parallel dim
+        if p.get("batched") is None or other_parallel:
             return None
         out_types = tuple(stacked(t, size, 0) for t in p["out_types"])
         return Rule({"call": p["batched"](out_types), "out_types": out_types},

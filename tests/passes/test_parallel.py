@@ -248,3 +248,28 @@ def test_a_loss_over_one_env_has_a_gradient():
         loss.backward()
         grad = w.grad
     _check(ctx, [grad])
+
+
+def test_a_batched_udf_over_two_parallel_dims_keeps_its_loops():
+    """``batched`` is written for one parallel dim: over two, the UDF runs per point
+    (found by the stress test: it was called over whichever dim was laid out)."""
+    calls = []
+
+    def one(point, x):
+        return (x + point["b"]).astype(np.float32)
+
+    def every(point, x):
+        calls.append(point)
+        return (x + np.arange(x.shape[0], dtype=np.float32)).astype(np.float32)
+    ctx = tp.Context(dims=("b", "e", "t"), parallel=("b", "e"))
+    (b, e, t), (B, E, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.symbol_value(t).astype("float32") + tp.symbol_value(e).astype("float32") * 10.0
+        y = tp.placeholder(shape=(), dtype="float32", domain=(b, e, t))
+        y[b == 0] = x * 2.0  # a condition on b keeps b a loop
+        y[True] = x
+        (h,) = tp.udf(one, [y], [((), "float32")], pass_point=True, batched=every)
+    bounds = {B: 3, E: 2, T: 2}
+    got = ctx.compile(bounds, [h], passes=["parallel"]).run()[h]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [h])[h.key])
+    assert not calls
