@@ -66,7 +66,8 @@ def vectorize_parallel_dims(graph: SDG, state: PassState) -> SDG:
         if blocker is not None:
             state.notes.append(f"parallel: {dim.name} stays a loop: {blocker}")
             continue
-        graph = _Rewriter(graph, dim, size, state.bounds, rules, state.next_id).rewrite()
+        contracted = _contracted_matmuls(graph, rules, dim, state.keep)
+        graph = _Rewriter(graph, dim, size, state.bounds, rules, contracted, state.next_id).rewrite()
         state.next_id = max(graph.ops) + 1
         graph = without_unreached(graph, state.keep)
         state.needed = recomputed_needed(graph, state)
@@ -205,13 +206,35 @@ def _summable(op: Op, edge: Edge, dim: Symbol, size: int, bounds: dict[Symbol, i
         and entry.start.substitute(bounds) is const(0) and entry.stop.substitute(bounds) is const(size)
 
 
-def _summed_reader_sum(op: Op, dim: Symbol) -> Op:
+def _summed_reader_sum(op: Op, dim: Symbol, lead: str) -> Op:
     """A gradient without ``dim`` whose readers were over it: every reader ``b`` read this
-    point, and their slices now come stacked, so each is summed over that axis."""
+    point, and their slices now come stacked, so each is summed over that axis (``lead``
+    "sum"), or come summed already (a contracted matmul, ``lead`` "")."""
     reads: ReaderSum = op.params["reads"]
     s = reads.sink_dims.index(dim)
-    new = _without_sink_dim(reads, s, reads.offsets, lead="sum")
+    new = _without_sink_dim(reads, s, reads.offsets, lead=lead)
     return replace(op, params={**op.params, "reads": new})
+
+
+def _contracted_matmuls(graph: SDG, rules: dict[int, Rule], dim: Symbol, keep: set[int]) -> set[int]:
+    """Matmuls over ``dim`` read only by gradient sums over every point of it (a shared
+    weight's gradient, autodiff's per-point ``x^T g``): laid out, each becomes one matmul
+    contracting over the dim, ``(m, B k) @ (B k, n)``, instead of ``B`` stacked products
+    that the reader sum then adds up."""
+    consumers = graph.consumers()
+    out: set[int] = set()
+    for op in graph.ops.values():
+        if op.kind != "matmul" or op.id not in rules or op.id in keep:
+            continue
+        edges = graph.in_edges(op)
+        if not all(_is_row(e, dim) and not e.slices and input_type(e).ndim == 2 for e in edges):
+            continue
+        readers = consumers[op.id]
+        if readers and all(e.sink.kind == "sum_readers" and dim not in e.sink.domain
+                           and dim in e.sink.params["reads"].sink_dims
+                           and not e.sink.params["reads"].lead for e in readers):
+            out.add(op.id)
+    return out
 
 
 # ---- rewriting ------------------------------------------------------------------------------
@@ -222,6 +245,7 @@ class _Rewriter:
     size: int
     bounds: dict[Symbol, int]
     rules: dict[int, Rule]
+    contracted: set[int]
     next_id: int
     out: SDG = field(default_factory=SDG)
     ops: dict[int, Op] = field(default_factory=dict)
@@ -242,12 +266,14 @@ class _Rewriter:
         rule = self.rules.get(op.id)
         if rule is None:
             if op.kind == "sum_readers" and self._reads_stacked_gradient(op):
-                return _summed_reader_sum(op, self.dim)
+                (edge,) = self.graph.in_edges(op)
+                return _summed_reader_sum(op, self.dim, "" if edge.src.id in self.contracted else "sum")
             return op
         requires = tuple((c, what) for c, what in op.requires if self.dim not in c.symbols())
+        outputs = op.outputs if op.id in self.contracted else \
+            tuple(stacked(t, self.size, 0) for t in op.outputs)
         return Op(op.id, rule.kind or op.kind, rule.params, tuple(d for d in op.domain if d is not self.dim),
-                  tuple(stacked(t, self.size, 0) for t in op.outputs), op.site, op.label,
-                  requires=requires)
+                  outputs, op.site, op.label, requires=requires)
 
     def _reads_stacked_gradient(self, op: Op) -> bool:
         (edge,) = self.graph.in_edges(op)
@@ -264,6 +290,8 @@ class _Rewriter:
         if sink.kind == "sum_readers":  # it reads its input at the points its params name
             return direct
         windows = sum(1 for e in rest if isinstance(e, Slice))  # the read's axes before the stacked one
+        if edge.sink.id in self.contracted:
+            return self._contraction_operand(direct, edge.sink_in)
         if edge.sink.id in self.rules and entry is self.dim:  # a row: the stacked axis goes first
             moved = self._moved(direct, windows, 0)
             return self._padded(moved, edge)
@@ -276,6 +304,15 @@ class _Rewriter:
                 self._through(direct, "take", {"dim": windows}, index=entry))
         before = sum(1 for e in edge.phi[:at] if isinstance(e, Slice))  # where the window over dim was
         return self._broadcast_into_merge(self._moved(direct, windows, before))
+
+    def _contraction_operand(self, edge: Edge, operand: int) -> Edge:
+        """A contracted matmul's operand, stacked ``(B, m, k)`` or ``(B, k, n)``, as the
+        ``(m, B k)`` or ``(B k, n)`` matrix whose product sums the ``B`` products."""
+        size, (rows, cols) = self.size, (d.value for d in input_type(edge).shape[1:])
+        if operand == 0:
+            edge = self._through(edge, "permute", {"dims": (1, 0, 2)})
+            return self._through(edge, "reshape", {"shape": (const(rows), const(size * cols))})
+        return self._through(edge, "reshape", {"shape": (const(size * rows), const(cols))})
 
     def _broadcast_into_merge(self, edge: Edge) -> Edge:
         """A laid-out merge's branch read the same for every point of the dim: broadcast

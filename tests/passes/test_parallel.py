@@ -273,3 +273,25 @@ def test_a_batched_udf_over_two_parallel_dims_keeps_its_loops():
     got = ctx.compile(bounds, [h], passes=["parallel"]).run()[h]
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [h])[h.key])
     assert not calls
+
+
+def test_a_shared_weight_gradient_contracts_over_the_envs():
+    """Autodiff's per-env outer product ``x^T g`` for a weight every env reads becomes one
+    matmul over all envs, ``(H, B) @ (B, H)``, not ``B`` stacked products summed after."""
+    ctx, (b, i), (B, I) = _context(("b", "i"))
+    with ctx:
+        w = tp.const(W, requires_grad=True)
+        x = tp.const(XS[:, :, 0])[b, i]
+        loss = (x @ w).tanh()[0:B, i].mean((0, 1))
+        loss.backward()
+        grad = w.grad
+    bounds = {B: B_VALUE, I: I_VALUE}
+    exe = ctx.compile(bounds, [grad], passes=["parallel"])
+    matmuls = [op for op in exe.graph.ops.values() if op.kind == "matmul"]
+    assert any(tuple(d.value for d in op.outputs[0].shape) == (H, H)
+               and [d.name for d in op.domain] == ["i"] for op in matmuls), matmuls
+    xs, expected = XS[:, :, 0], np.zeros((I_VALUE, H, H), np.float32)
+    for k in range(I_VALUE):  # d/dW mean_b tanh(x_b W) = 1/(B H) sum_b x_b^T (1 - tanh^2)
+        y = np.tanh(xs[:, k] @ W)
+        expected[k] = xs[:, k].T @ (1 - y ** 2) / (B_VALUE * H)
+    np.testing.assert_allclose(exe.run()[grad], expected, rtol=1e-5, atol=1e-6)
