@@ -41,13 +41,12 @@ from tempo.ir.ops import param_symbols
 from tempo.ir.readers import ReaderSum
 from tempo.ir.types import TensorType
 from tempo.passes.rewrite import (
-    add_with_inputs,
     needed_by_op,
     recomputed_needed,
     row_index_op,
     without_unreached,
 )
-from tempo.passes.vectorize import RULE_KINDS, Rule, checked_rule, input_type, stacked
+from tempo.passes.vectorize import RULE_KINDS, Rule, StackingRewriter, checked_rule, input_type, stacked
 from tempo.schedule.polyhedral import Polyhedral
 from tempo.symbolic.expr import IndexEntry, Slice, Symbol, const
 
@@ -67,7 +66,8 @@ def vectorize_parallel_dims(graph: SDG, state: PassState) -> SDG:
             state.notes.append(f"parallel: {dim.name} stays a loop: {blocker}")
             continue
         contracted = _contracted_matmuls(graph, rules, dim, state.keep)
-        graph = _Rewriter(graph, dim, size, state.bounds, rules, contracted, state.next_id).rewrite()
+        graph = _Rewriter(graph, dim, size, state.bounds, rules, state.next_id,
+                          contracted=contracted).rewrite()
         state.next_id = max(graph.ops) + 1
         graph = without_unreached(graph, state.keep)
         state.needed = recomputed_needed(graph, state)
@@ -239,28 +239,8 @@ def _contracted_matmuls(graph: SDG, rules: dict[int, Rule], dim: Symbol, keep: s
 
 # ---- rewriting ------------------------------------------------------------------------------
 @dataclass
-class _Rewriter:
-    graph: SDG
-    dim: Symbol
-    size: int
-    bounds: dict[Symbol, int]
-    rules: dict[int, Rule]
-    contracted: set[int]
-    next_id: int
-    out: SDG = field(default_factory=SDG)
-    ops: dict[int, Op] = field(default_factory=dict)
-
-    def rewrite(self) -> SDG:
-        for op in self.graph.ops.values():
-            self.ops[op.id] = self._new_op(op)
-        for op in self.graph.ops.values():
-            rule = self.rules.get(op.id)
-            reads = self.graph.in_edges(op)
-            edges = [self._edge(e) for e in reads[:rule.inputs if rule else None]]
-            self.out.add_op(self.ops[op.id])
-            for edge in edges:
-                self.out.add_edge(edge)
-        return self.out
+class _Rewriter(StackingRewriter):
+    contracted: set[int] = field(default_factory=set)
 
     def _new_op(self, op: Op) -> Op:
         rule = self.rules.get(op.id)
@@ -357,15 +337,7 @@ class _Rewriter:
             edge = self._through(edge, "unsqueeze", {"dim": 1})
         return edge
 
-    def _add(self, op: Op, inputs: list[Edge]) -> Op:
-        return add_with_inputs(self.out, op, inputs)
-
-    def _new_id(self) -> int:
-        self.next_id += 1
-        return self.next_id - 1
-
 
 def _infer(kind: str, types: list[TensorType], params: dict[str, Any]) -> tuple[TensorType, ...]:
     from tempo.ir.ops import op_def
     return tuple(op_def(kind).infer(*types, **params))
-

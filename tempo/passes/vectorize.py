@@ -305,7 +305,11 @@ def _shifted_dim(p: dict[str, Any], rank: int) -> Callable[[], dict[str, Any]]:
 
 # ---- rewriting ------------------------------------------------------------------------------
 @dataclass
-class _Rewriter:
+class StackingRewriter:
+    """Rebuilds a graph with the ops of ``rules`` laid out over ``dim``: every op through
+    ``_new_op``, every input edge it keeps (a rule may read fewer) through ``_edge``;
+    adapters added on the way get ids from ``next_id``."""
+
     graph: SDG
     dim: Symbol
     size: int
@@ -315,11 +319,10 @@ class _Rewriter:
     out: SDG = field(default_factory=SDG)
     ops: dict[int, Op] = field(default_factory=dict)
     """The op of each id in the new graph."""
-    adapters: dict[tuple, Op] = field(default_factory=dict)
 
     def rewrite(self) -> SDG:
         for op in self.graph.ops.values():
-            self.ops[op.id] = self._vectorized(op) if op.id in self.rules else op
+            self.ops[op.id] = self._new_op(op)
         for op in self.graph.ops.values():
             rule = self.rules.get(op.id)
             reads = self.graph.in_edges(op)
@@ -328,6 +331,27 @@ class _Rewriter:
             for edge in edges:
                 self.out.add_edge(edge)
         return self.out
+
+    def _new_op(self, op: Op) -> Op:
+        raise NotImplementedError
+
+    def _edge(self, edge: Edge) -> Edge:
+        raise NotImplementedError
+
+    def _add(self, op: Op, inputs: list[Edge]) -> Op:
+        return add_with_inputs(self.out, op, inputs)
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+@dataclass
+class _Rewriter(StackingRewriter):
+    adapters: dict[tuple, Op] = field(default_factory=dict)
+
+    def _new_op(self, op: Op) -> Op:
+        return self._vectorized(op) if op.id in self.rules else op
 
     def _vectorized(self, op: Op) -> Op:
         rule = self.rules[op.id]
@@ -411,10 +435,3 @@ class _Rewriter:
         rest = tuple(d for d in domain if d is not self.dim)
         read = Edge(edge.sink, edge.sink_in, src, edge.src_out, rest)
         return self._adapter(read, src, rest, self.dim, domain, at=domain.index(self.dim))
-
-    def _add(self, op: Op, inputs: list[Edge]) -> Op:
-        return add_with_inputs(self.out, op, inputs)
-
-    def _new_id(self) -> int:
-        self.next_id += 1
-        return self.next_id - 1
