@@ -1,32 +1,34 @@
 """Parallel dims laid out spatially: the env dim ``b`` of a program over ``(b, i, t)``.
 
 A dim declared parallel (``tp.Context(dims=("b", "i", "t"), parallel=("b",))``) promises
-that no point of it reads another: ops over ``b`` read each other at ``b`` itself, and ops
-without ``b`` read it through windows (``loss[i] = x[0:B, i, 0:T].mean()``) or at fixed
-points (``validate.check_parallel`` rejects anything else). Every op over it is then
-computed once for all ``B`` points: it loses the dim and its output gains a leading axis
-of size ``B``. It is all or nothing per dim: should one op have no vectorized form (a host
-UDF without a ``batched`` function, a random op drawn twice over), the dim stays a loop
-and the compile report names that op.
+that no point of it reads another that depends on it: ops read ``b`` at ``b`` itself, or
+at fixed points or windows of it (``loss[i] = x[0:B, i, 0:T].mean()``, ``x[0, i, t]``);
+``validate.check_parallel`` rejects anything else (``x[b - 1]``). Every op over the dim is
+then computed once for all ``B`` points: it loses the dim and its output gains a leading
+axis of size ``B``. It is all or nothing per dim: should one op have no form below (a
+host UDF without a ``batched`` function, a condition on the dim, a second parallel dim
+in a draw), the dim stays a loop and the compile report names that op.
 
 The forms:
 
 - pure device ops: the rules of ``tempo.passes.vectorize``;
-- a placeholder's merge: the same branches, each read stacked;
+- a placeholder's merge: the same branches read stacked, a branch without the dim (a
+  shared initial state) broadcast;
 - random draws: the point's coordinates for every ``b`` at once (``coords`` with a
   ``stacked`` axis), one draw per row (``rng`` with a ``batch``): exactly the per-point
-  draws;
+  draws, in one encryption (``tempo.ir.random``);
 - ``eval_symbol(b)``: ``arange(B)``;
 - traceable UDFs: ``jax.vmap`` of the function (rows mapped, other inputs shared);
-- host UDFs: their ``batched`` function, called once with every row;
+- host UDFs over one parallel dim: their ``batched`` function, called once with every row;
 - reader sums (gradients): the same sums with a leading axis kept whole, or summed where
-  every ``b`` read one point.
+  every ``b`` read one point; a matmul read only by such sums (a shared weight's
+  ``x^T g``) contracts over the dim instead.
 
-Edges: a vectorized op reads a vectorized source without the dim; windows of other dims
-come first in what the runtime reads, so a ``permute`` moves the stacked axis to where the
-op expects it (first, or where the window over the dim was for ops without it); a reader
-without the dim that reads one point or part of the dim gets it through ``take`` or
-``slice``.
+Edges: a laid-out op reads a laid-out source at ``b`` without the dim; windows of other
+dims come first in what the runtime reads, so a ``permute`` moves the stacked axis to
+where the op expects it (first, or where the window over the dim was); a read of one
+point or part of the dim goes through ``take`` or ``slice``, and is the same for every
+point of a laid-out reader.
 """
 
 from __future__ import annotations
