@@ -39,9 +39,8 @@ from typing import TYPE_CHECKING, Any
 import islpy as isl
 
 from tempo.ir.graph import SDG, Edge, Op
-from tempo.ir.ops import param_symbols
+from tempo.ir.ops import op_def, param_symbols
 from tempo.ir.readers import ReaderSum
-from tempo.ir.types import TensorType
 from tempo.passes.rewrite import (
     needed_by_op,
     recomputed_needed,
@@ -247,19 +246,16 @@ class _Rewriter(StackingRewriter):
     def _new_op(self, op: Op) -> Op:
         rule = self.rules.get(op.id)
         if rule is None:
-            if op.kind == "sum_readers" and self._reads_stacked_gradient(op):
+            if op.kind == "sum_readers":
                 (edge,) = self.graph.in_edges(op)
-                return _summed_reader_sum(op, self.dim, "" if edge.src.id in self.contracted else "sum")
+                if edge.src.id in self.rules and self.dim in op.params["reads"].sink_dims:
+                    return _summed_reader_sum(op, self.dim, "" if edge.src.id in self.contracted else "sum")
             return op
         requires = tuple((c, what) for c, what in op.requires if self.dim not in c.symbols())
         outputs = op.outputs if op.id in self.contracted else \
             tuple(stacked(t, self.size, 0) for t in op.outputs)
         return Op(op.id, rule.kind or op.kind, rule.params, tuple(d for d in op.domain if d is not self.dim),
                   outputs, op.site, op.label, requires=requires)
-
-    def _reads_stacked_gradient(self, op: Op) -> bool:
-        (edge,) = self.graph.in_edges(op)
-        return edge.src.id in self.rules and self.dim in op.params["reads"].sink_dims
 
     def _edge(self, edge: Edge) -> Edge:
         sink, src = self.ops[edge.sink.id], self.ops[edge.src.id]
@@ -271,9 +267,9 @@ class _Rewriter(StackingRewriter):
         direct = Edge(sink, edge.sink_in, src, edge.src_out, rest, edge.cond)
         if sink.kind == "sum_readers":  # it reads its input at the points its params name
             return direct
-        windows = sum(1 for e in rest if isinstance(e, Slice))  # the read's axes before the stacked one
         if edge.sink.id in self.contracted:
             return self._contraction_operand(direct, edge.sink_in)
+        windows = sum(1 for e in rest if isinstance(e, Slice))  # the read's axes before the stacked one
         if edge.sink.id in self.rules and entry is self.dim:  # a row: the stacked axis goes first
             moved = self._moved(direct, windows, 0)
             return self._padded(moved, edge)
@@ -327,7 +323,7 @@ class _Rewriter(StackingRewriter):
             index_op = self._add(row_index_op(self._new_id(), index.substitute(self.bounds), sink.domain,
                                               sink.site), [])
             inputs.append(Edge(sink, 1, index_op, 0, index_op.domain))
-        (out,) = _infer(kind, [input_type(e) for e in inputs], params)
+        (out,) = op_def(kind).infer(*(input_type(e) for e in inputs), **params)
         op = self._add(Op(self._new_id(), kind, params, sink.domain, (out,), sink.site,
                           f"{edge.src.label or edge.src.kind}_{kind}"), inputs)
         return Edge(sink, edge.sink_in, op, 0, sink.domain, edge.cond)
@@ -338,8 +334,3 @@ class _Rewriter(StackingRewriter):
         for _ in range(pads[original.sink_in] if pads else 0):
             edge = self._through(edge, "unsqueeze", {"dim": 1})
         return edge
-
-
-def _infer(kind: str, types: list[TensorType], params: dict[str, Any]) -> tuple[TensorType, ...]:
-    from tempo.ir.ops import op_def
-    return tuple(op_def(kind).infer(*types, **params))
