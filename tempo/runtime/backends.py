@@ -41,6 +41,10 @@ class NumpyBackend:
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return np.zeros(shape, dtype)
 
+    def donatable(self, value: Any) -> bool:
+        """NumPy kernels allocate their outputs: nothing is donated."""
+        return False
+
 
 class JaxBackend:
     """JAX: kernels are jitted once per op (and per distinct symbolic params); values stay
@@ -55,9 +59,12 @@ class JaxBackend:
         self._on_cpu = jax.default_backend() == "cpu"
         self.xp = XlaNamespace(jax, jnp, self._on_cpu)
         """The array module kernels are traced with."""
+        self._by_op: dict[tuple, Callable] = {}
 
-    def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
-        """A jitted kernel: once for ``static_params``, else once per distinct params.
+    def kernel(self, op: Op, static_params: dict | None, static_shapes: bool,
+               donate: tuple[int, ...] = ()) -> DeviceKernel:
+        """A jitted kernel: once for ``static_params``, else once per distinct params. It
+        takes over the buffers of its inputs at positions ``donate`` (static params only).
 
         Ops whose shapes vary between points (``x[0:t+1]``) run with NumPy and move back
         to the device: XLA would compile once per shape, and eager JAX does the same per
@@ -67,20 +74,32 @@ class JaxBackend:
         if not static_shapes:
             return lambda params, *xs: jnp.asarray(fn(np, params, *(np.asarray(x) for x in xs)))
         if static_params is not None:
-            compiled = self._jitted(op.kind, static_params)
+            compiled = self._jitted(op.kind, static_params, donate, op.id)
             return lambda params, *xs: compiled(*xs)
         return lambda params, *xs: self._jitted(op.kind, params)(*xs)
 
-    def _jitted(self, kind: str, params: dict) -> Callable:
-        """One jitted function per (op kind, params), shared by every program."""
+    def _jitted(self, kind: str, params: dict, donate: tuple[int, ...] = (),
+                op_id: int | None = None) -> Callable:
+        """One jitted function per (op kind, params, donated inputs), shared by every
+        program; params that hold arrays (constants folded into a fused op) are not
+        hashable, and their kernels are kept per op (``op_id``) by this backend, so that
+        an executable's later runs reuse them."""
         key = _freeze(kind, params)
-        kernel = _JIT_CACHE.get(key) if key is not None else None
+        if key is not None:
+            cache, key = _JIT_CACHE, (*key, donate)
+        else:
+            cache, key = self._by_op, (op_id, donate)
+        kernel = cache.get(key) if key[0] is not None else None
         if kernel is None:
             fn, xp = op_def(kind).kernel, self.xp
-            kernel = self.jax.jit(lambda *xs: fn(xp, params, *xs))
-            if key is not None:
-                _JIT_CACHE[key] = kernel
+            kernel = self.jax.jit(lambda *xs: fn(xp, params, *xs), donate_argnums=donate)
+            if key[0] is not None:
+                cache[key] = kernel
         return kernel
+
+    def donatable(self, value: Any) -> bool:
+        """Whether a kernel can take ``value``'s buffer over (a device array)."""
+        return isinstance(value, self.jax.Array)
 
     def from_host(self, value: np.ndarray) -> Any:
         return self.jnp.asarray(value)

@@ -9,6 +9,7 @@ tensor stores, runs the kernel and writes the outputs.
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -27,9 +28,9 @@ from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, lower_l
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
-from tempo.schedule.memory import MemoryPolicy, point_bytes, swapped_ops
+from tempo.schedule.memory import MemoryPolicy, donation_candidates, point_bytes, swapped_ops
 from tempo.schedule.scheduler import Schedule, analyze_points, build_schedule
-from tempo.symbolic.expr import Slice, Symbol, compile_function
+from tempo.symbolic.expr import FALSE, TRUE, Expr, Slice, Symbol, compile_function
 
 if TYPE_CHECKING:
     from tempo.api.context import Context
@@ -201,8 +202,14 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
                           parallel=ctx.parallel)
         optimized = run_pipeline(graph, state, enabled, stage) if enabled else graph
         try:
-            schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed)
+            policy = memory or MemoryPolicy()
+            donors = donation_candidates(optimized, values, kept, policy.donate_min_bytes) \
+                if runtime.name == "jax" and policy.donate else []
+            schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed,
+                                      donors)
             report.notes.extend(state.notes)  # only the notes of the program that runs
+            if donors:
+                report.notes.append(_donation_note(schedule))
             break
         except UnschedulableError as err:
             if not enabled:
@@ -216,6 +223,14 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report, memory, loops)
     stage("codegen")
     return exe
+
+
+def _donation_note(schedule: Schedule) -> str:
+    donating = {e: c for e, c in schedule.last_reads.items() if c is not FALSE}
+    kernels = {e.sink.id for e in donating}
+    always = sum(c is TRUE for c in donating.values())
+    return (f"donation: {len(donating)} inputs of {len(kernels)} kernels donated where read last "
+            f"({always} at every point)")
 
 
 def _pipelines_to_try(passes: Collection[str] | None) -> list[list[str]]:
@@ -282,7 +297,8 @@ def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[
     for name, stmt in schedule.statements.items():
         op = stmt.op
         if stmt.kind == "exec":
-            table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend, shift)
+            table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend, shift,
+                                        schedule.last_reads)
         else:
             table[name] = _free(op, stores)
     return table
@@ -332,9 +348,11 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
 
 # ---- launchers ---------------------------------------------------------------------------
 def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
-                  backend: Any, shift: dict[Symbol, int] | None = None) -> Launcher:
+                  backend: Any, shift: dict[Symbol, int] | None = None,
+                  last_reads: dict[Edge, Expr] | None = None) -> Launcher:
     """The function that executes ``op`` at a point (host ops see coordinates and bounds
-    moved by ``shift``, see ``Executable.run``'s origin)."""
+    moved by ``shift``, see ``Executable.run``'s origin; device kernels donate the inputs
+    they read last, where ``last_reads`` says so, see ``tempo.schedule.memory``)."""
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices)),
@@ -344,7 +362,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
         return _merge_launcher(op, edges, reads, writes[0], bounds)
     if op.definition.host:
         return _host_launcher(op, reads, writes, bounds, backend, shift or {})
-    return _device_launcher(op, edges, reads, writes, bounds, backend)
+    return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores)
 
 
 def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,
@@ -394,12 +412,18 @@ def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Sym
 
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
-                     bounds: dict[Symbol, int], backend: Any) -> Launcher:
+                     bounds: dict[Symbol, int], backend: Any, last_reads: dict[Edge, Expr],
+                     stores: dict) -> Launcher:
     multi = op.definition.multi_output
     symbolic = bool(param_symbols(op.params) & set(op.domain))  # params vary with the point
     static_params = None if symbolic else resolve_params(op.params, bounds)
-    kernel = backend.kernel(op, static_params, has_static_shapes(op, edges, set(bounds)))
+    static_shapes = has_static_shapes(op, edges, set(bounds))
+    kernel = backend.kernel(op, static_params, static_shapes)
     domain = op.domain
+    donors = [(k, compile_function([last_reads[e]], domain, bounds), stores[(e.src.id, e.src_out)])
+              for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
+    if donors and static_params is not None and static_shapes:
+        return _donating_launcher(op, reads, writes, static_params, backend, kernel, donors)
     if len(reads) == 1 and len(writes) == 1 and not symbolic and not multi:
         (read, phi), = reads
         write = writes[0]
@@ -412,6 +436,49 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
         params = resolve_params(op.params, {**bounds, **dict(zip(domain, point))}) \
             if symbolic else static_params
         outs = kernel(params, *(read(phi(*point)) for read, phi in reads))
+        for write, value in zip(writes, outs if multi else (outs,)):
+            write(point, value)
+    return launch
+
+
+def _refs_of_a_stored_input() -> int:
+    """``sys.getrefcount`` of an input that only its store and the launcher's argument
+    list hold, as the donating launcher calls it (the count differs between Pythons)."""
+    store = {0: object()}
+    xs = [store[0]]
+    return sys.getrefcount(xs[0])
+
+
+_STORED_ONCE = _refs_of_a_stored_input()
+
+
+def _donating_launcher(op: Op, reads: list, writes: list[Callable], params: dict, backend: Any,
+                       kernel: Callable, donors: list[tuple[int, Callable, Any]]) -> Launcher:
+    """A device launcher that donates input ``k`` of ``donors`` (``(k, last, store)``)
+    where ``last`` holds (the read is the last use of the point) and no other store holds
+    the same array (a merge's store and its branch's share one until the branch's point is
+    freed). A donated point is freed at once (the schedule's free that follows finds it
+    gone). Each set of donated inputs that occurs gets its own compiled kernel."""
+    multi, donatable = op.definition.multi_output, backend.donatable
+    kernels: dict[tuple[int, ...], Callable] = {(): kernel}
+    stats = donors[0][2].stats
+
+    def launch(point: tuple[int, ...]) -> None:
+        xs = [read(phi(*point)) for read, phi in reads]
+        given = [(k, store) for k, last, store in donors
+                 if last(*point)[0] and sys.getrefcount(xs[k]) == _STORED_ONCE and donatable(xs[k])]
+        if given:
+            ks = tuple(k for k, _ in given)
+            run = kernels.get(ks)
+            if run is None:
+                run = kernels[ks] = backend.kernel(op, params, True, ks)
+            for k, store in given:
+                stats.donated += 1
+                stats.donated_bytes += xs[k].nbytes
+                store.free(reads[k][1](*point))
+        else:
+            run = kernel
+        outs = run(params, *xs)
         for write, value in zip(writes, outs if multi else (outs,)):
             write(point, value)
     return launch

@@ -28,12 +28,15 @@ class MemoryStats:
     """Stored points alive now and at the peak of a run, and the bytes the stores reference
     in the backend's memory (the device, on JAX) and in host memory (blocks, swapped
     points). A value two stores hold (a placeholder's branch is its source's array) counts
-    in both."""
+    in both. ``donated`` counts the kernel inputs whose buffers kernels took over
+    (``tempo.schedule.memory``), ``donated_bytes`` their size."""
 
     live: int = 0
     peak: int = 0
     device: Bytes = field(default_factory=Bytes)
     host: Bytes = field(default_factory=Bytes)
+    donated: int = 0
+    donated_bytes: int = 0
 
     @property
     def device_bytes(self) -> int:

@@ -11,6 +11,7 @@ the chosen order require.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -28,7 +29,8 @@ from tempo.schedule.polyhedral import (
     needed_points,
 )
 from tempo.schedule.tree import schedule_tree
-from tempo.symbolic.expr import Symbol
+from tempo.symbolic.expr import FALSE, TRUE, Expr, Symbol
+from tempo.symbolic.isl_bridge import from_isl_ast_expr
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,10 @@ class Schedule:
     statements: dict[str, Statement]
     isl_schedule: isl.Schedule
     needed: dict[int, isl.Set] = field(default_factory=dict)
+    last_reads: dict[Edge, Expr] = field(default_factory=dict)
+    """For the edges asked about (``build_schedule``'s ``donors``): where, over the sink's
+    domain, the edge's read is the last use of the point it reads (nothing reads that point
+    later, nor at the same time), so the sink may take the point's memory over."""
 
     def pseudo_code(self) -> str:
         """The loop program, with op names: what the executor runs."""
@@ -76,10 +82,13 @@ def analyze_points(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
 
 
 def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                   roots: list[Op], kept: set[int], needed: isl.UnionSet) -> Schedule:
+                   roots: list[Op], kept: set[int], needed: isl.UnionSet,
+                   donors: Collection[Edge] = ()) -> Schedule:
     """Schedule every ``needed`` point of a checked program (see ``analyze_points``).
 
     ``kept`` are the ids of ops whose points are never freed (outputs, read at the end).
+    ``donors`` are point-reading edges whose last reads the runtime wants to know
+    (``Schedule.last_reads``; see ``tempo.schedule.memory.donation_candidates``).
     """
     poly, poly_needed, poly_reads = _parametric_if_exact(graph, bounds, bound_of, roots, needed)
     if poly is None:
@@ -96,10 +105,17 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     # The schedule holds for any bounds; the loop program is generated for the concrete
     # ones, where conditions on the bounds (a checkpoint at the last iteration or not)
     # are decided instead of becoming branches of the program.
-    times = poly.fix_params(_with_frees(poly, poly_needed, live_reads, schedule, kept))
+    theta = schedule.get_map().intersect_domain(poly_needed)
+    consumers = graph.consumers()
+    uses = {op.id: _uses(poly, op, consumers[op.id], poly_needed, live_reads, theta)
+            for op in graph.ops.values() if op.id not in kept and op.domain}
+    times = poly.fix_params(_with_frees(poly, theta, uses))
     build = isl.AstBuild.from_context(isl.Set("{ : }", context=ISL))
     root = ast.from_isl(build.node_from_schedule(schedule_tree(times.domain(), times)), {})
-    return Schedule(root, statements, schedule)
+    last_reads = {edge: _last_read_condition(poly, edge, live_reads[edge], theta, uses[edge.src.id],
+                                             poly_needed)
+                  for edge in donors if edge.src.id in uses}
+    return Schedule(root, statements, schedule, last_reads=last_reads)
 
 
 def _schedule(poly: Polyhedral, needed: isl.UnionSet,
@@ -121,28 +137,75 @@ def _schedule(poly: Polyhedral, needed: isl.UnionSet,
         return None
 
 
-def _with_frees(poly: Polyhedral, needed: isl.UnionSet, reads: dict[Edge, isl.UnionMap],
-                schedule: isl.Schedule, kept: set[int]) -> isl.UnionMap:
+def _uses(poly: Polyhedral, op: Op, readers: list[Edge], needed: isl.UnionSet,
+          reads: dict[Edge, isl.UnionMap], theta: isl.UnionMap) -> dict[Edge | None, isl.UnionMap]:
+    """``{ op[q] -> time }`` for each edge reading ``op``, and (under None) its production."""
+    out: dict[Edge | None, isl.UnionMap] = {None: theta.intersect_domain(needed.intersect(poly.box(op)))}
+    for edge in readers:
+        out[edge] = reads[edge].reverse().apply_range(theta)
+    return out
+
+
+def _last_use(uses: dict[Edge | None, isl.UnionMap]) -> isl.UnionMap:
+    """``{ op[q] -> time }``: the time of each point's last use (its production, or the
+    latest read of it in schedule order)."""
+    total = uses[None]
+    for rel in uses.values():
+        total = total.union(rel)
+    return total.lexmax().coalesce()
+
+
+def _with_frees(poly: Polyhedral, theta: isl.UnionMap,
+                uses: dict[int, dict[Edge | None, isl.UnionMap]]) -> isl.UnionMap:
     """Execution times of every statement, with a free of each stored point right after
-    its last use (its production, or the latest read of it in schedule order).
+    its last use (``uses``: each freed op's uses; zero-dim and kept ops are not freed
+    during the run).
 
     Times get a trailing 0 for executions and 1 for frees, so a free follows the statement
-    it waits for. Zero-dim ops and ``kept`` ops are not freed during the run.
+    it waits for.
     """
-    theta = schedule.get_map().intersect_domain(needed)
     times = _append_dim(theta, 0)
-    consumers = poly.graph.consumers()
-    for op in poly.graph.ops.values():
-        points = needed.intersect(poly.box(op))
-        if op.id in kept or not op.domain or points.is_empty():
+    for op_id, op_uses in uses.items():
+        if op_uses[None].is_empty():
             continue
-        uses = theta.intersect_domain(points)
-        for edge in consumers[op.id]:
-            uses = uses.union(reads[edge].reverse().apply_range(theta))
-        last = isl.Map.from_union_map(uses.lexmax().coalesce()) \
-            .set_tuple_name(isl.dim_type.in_, _free_name(op))
+        last = isl.Map.from_union_map(_last_use(op_uses)) \
+            .set_tuple_name(isl.dim_type.in_, _free_name(poly.graph.ops[op_id]))
         times = times.union(_append_dim(isl.UnionMap.from_map(last), 1))
     return times
+
+
+def _last_read_condition(poly: Polyhedral, edge: Edge, reads: isl.UnionMap, theta: isl.UnionMap,
+                         uses: dict[Edge | None, isl.UnionMap], needed: isl.UnionSet) -> Expr:
+    """Where (over ``edge.sink``'s domain) the edge's read is the last use of the point it
+    reads, and no other use of that point is at the same time (a sink reading it twice)."""
+    last = _last_use(uses)
+    others = uses[None]
+    for other, rel in uses.items():
+        if other is not None and other is not edge:
+            others = others.union(rel)
+    shared = others.intersect(last).domain()  # points another use ties for last
+    exclusive = last.subtract_domain(shared)
+    sink_points = reads.apply_range(exclusive).intersect(theta).domain()
+    sink = needed.intersect(poly.box(edge.sink))
+    return _condition(poly.fix_params(sink_points), poly.fix_params(sink), edge.sink.domain)
+
+
+def _condition(points: isl.UnionSet, context: isl.UnionSet, dims: tuple[Symbol, ...]) -> Expr:
+    """``points`` (a subset of one statement's ``context``) as a condition over ``dims``."""
+    if points.is_empty():
+        return FALSE
+    if points.is_equal(context):
+        return TRUE
+    n = len(dims)
+
+    def as_params(s: isl.UnionSet) -> isl.Set:
+        one = isl.Set.from_union_set(s)
+        for k in range(n):
+            one = one.set_dim_name(isl.dim_type.set, k, f"d{k}")
+        return one.move_dims(isl.dim_type.param, 0, isl.dim_type.set, 0, n).params()
+    build = isl.AstBuild.from_context(as_params(context))
+    expr = build.expr_from_set(as_params(points).gist(as_params(context)))
+    return from_isl_ast_expr(expr, {f"d{k}": d for k, d in enumerate(dims)})
 
 
 def _append_dim(times: isl.UnionMap, value: int) -> isl.UnionMap:

@@ -33,3 +33,24 @@ def test_ppo_learns_gymnax_cartpole(tmp_path):
     result = train(config("env=gymnax_cartpole", "total_timesteps=61440"), tmp_path, progress=False)
     assert result.mean_return(last=20) >= 100, result.episode_returns[-20:]
     assert max(result.episode_returns) <= 500  # truncated at gymnax's 500 steps
+
+
+def test_donating_every_buffer_read_last_trains_bit_for_bit_the_same(tmp_path):
+    """Parameters and Adam moments updated in their own buffers (JAX backend, donation of
+    every input read last, however small) give exactly the run that allocates anew."""
+    common = ("env=gymnax_cartpole", "backend=jax", "total_timesteps=1536", "algorithm.update_epochs=2")
+    runs = [train(config(*common, *extra), tmp_path / str(k), progress=False)
+            for k, extra in enumerate([["memory.donate_min_bytes=0"], ["memory.donate=false"]])]
+    donating, plain = runs
+    note = next(n for n in donating.compile_notes if n.startswith("donation: "))
+    assert not note.startswith("donation: 0 "), note
+    assert not any(n.startswith("donation: ") for n in plain.compile_notes)
+    def untimed(history: list[dict]) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "charts/SPS"} for row in history]
+    assert untimed(donating.history) == untimed(plain.history)
+    assert donating.episode_returns == plain.episode_returns
+    saved = [np.load(run.checkpoint) for run in runs]
+    state = [k for k in saved[0].files if k != "__config__"]
+    assert len(state) > 10
+    for key in state:
+        np.testing.assert_array_equal(saved[0][key], saved[1][key], err_msg=key)

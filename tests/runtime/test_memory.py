@@ -202,3 +202,79 @@ def test_swapping_changes_nothing_on_the_numpy_backend():
 def test_a_negative_threshold_is_rejected():
     with pytest.raises(ValueError, match="swap_min_bytes"):
         tp.MemoryPolicy(swap=True, swap_min_bytes=-1)
+
+
+# ---- donation -----------------------------------------------------------------------------
+STATE = np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32)
+
+
+def state_program():
+    """A recurrent state updated in place: ``y[t+1] = tanh(0.5 y[t] + x[t+1])``."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        y = tp.placeholder(shape=(256,), dtype="float32", domain=(t,))
+        y[0] = tp.const(STATE[0])
+        y[t + 1] = (y * 0.5 + tp.const(STATE)[t + 1]).tanh()
+        last = y[T - 1]
+    return ctx, {T: 8}, last
+
+
+def numpy_state(n: int = 8) -> np.ndarray:
+    y = STATE[0]
+    for k in range(1, n):
+        y = np.tanh(y * 0.5 + STATE[k])
+    return y
+
+
+def test_a_recurrent_state_is_updated_in_the_buffer_it_replaces():
+    ctx, bounds, last = state_program()
+    donating = ctx.compile(bounds, [last], backend="jax", memory=tp.MemoryPolicy(donate_min_bytes=0),
+                           loops=tp.LoopPolicy("interpreted"))
+    plain = ctx.compile(bounds, [last], backend="jax", memory=tp.MemoryPolicy(donate=False),
+                        loops=tp.LoopPolicy("interpreted"))
+    for exe in (donating, plain):
+        np.testing.assert_allclose(exe.run()[last], numpy_state(), rtol=1e-6, atol=1e-6)
+    # each of the 7 updates reads y[t] last and takes its 1 KiB buffer over
+    assert donating.stats.donated == 7 and donating.stats.donated_bytes == 7 * 1024
+    assert plain.stats.donated == 0
+    # later runs reuse the donating kernels and donate again
+    np.testing.assert_allclose(donating.run()[last], numpy_state(), rtol=1e-6, atol=1e-6)
+    assert donating.stats.donated == 7
+
+
+def test_small_values_and_the_numpy_backend_donate_nothing():
+    ctx, bounds, last = state_program()
+    small = ctx.compile(bounds, [last], backend="jax", memory=tp.MemoryPolicy(donate_min_bytes=1025))
+    numpy = ctx.compile(bounds, [last], backend="numpy", memory=tp.MemoryPolicy(donate_min_bytes=0))
+    for exe in (small, numpy):
+        np.testing.assert_allclose(exe.run()[last], numpy_state(), rtol=1e-6, atol=1e-6)
+        assert exe.stats.donated == 0 and not exe.schedule.last_reads
+
+
+@pytest.mark.parametrize("passes", [None, []])
+def test_a_value_another_store_holds_is_not_donated(passes):
+    """The placeholder ``y[t+1]`` holds the same array as ``n[t]``. The update reads
+    ``y[t+1]`` last, but ``out`` reads ``n[t]`` after the loop (it needs ``y[T-1]``):
+    donating ``y[t+1]`` would delete the array ``out`` still has to read."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        y = tp.placeholder(shape=(256,), dtype="float32", domain=(t,))
+        y[0] = tp.const(STATE[0])
+        n = (y * 0.5 + tp.const(STATE)[t + 1]).tanh()
+        y[t + 1] = n
+        out = n * y[T - 1]
+    exe = ctx.compile({T: 7}, [out], backend="jax", passes=passes,
+                      memory=tp.MemoryPolicy(donate_min_bytes=0), loops=tp.LoopPolicy("interpreted"))
+    ys = [STATE[0]]
+    for k in range(1, 8):
+        ys.append(np.tanh(ys[-1] * 0.5 + STATE[k]))
+    expected = np.stack([ys[k + 1] * ys[6] for k in range(7)])
+    for _ in range(2):
+        np.testing.assert_allclose(exe.run()[out], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_negative_donation_threshold_is_rejected():
+    with pytest.raises(ValueError, match="donate_min_bytes"):
+        tp.MemoryPolicy(donate_min_bytes=-1)
