@@ -6,12 +6,15 @@ discovering, dim by dim, which statements separate; on programs with hundreds of
 statements that is most of compile time. The same order as a tree is explicit: a dim on
 which every instance has a constant time becomes a sequence node (one filter per
 constant, in order), any other dim a one-dimensional band. AST generation from the tree
-(``AstBuild.node_from_schedule``) only has to scan each band.
+(``AstBuild.node_from_schedule``) only has to scan each band. A dim on which several loops
+run one after another becomes a sequence of bands first (``tempo.schedule.bands``).
 """
 
 from __future__ import annotations
 
 import islpy as isl
+
+from tempo.schedule.bands import Interval, partition, values_of
 
 
 def schedule_tree(domain: isl.UnionSet, times: isl.UnionMap) -> isl.Schedule:
@@ -27,19 +30,78 @@ def _order(node: isl.ScheduleNode, times: isl.UnionMap, dim: int, ndims: int) ->
     if dim == ndims:
         return node
     groups = _constant_groups(times, dim)
-    if groups is None:
-        node = node.insert_partial_schedule(_dim_schedule(times, dim, ndims))
-        return _order(node.child(0), times, dim + 1, ndims).parent()
-    if len(groups) == 1:
-        return _order(node, times, dim + 1, ndims)
-    filters = isl.UnionSetList.alloc(node.get_ctx(), len(groups))
-    for instances in groups:
-        filters = filters.add(instances)
+    if groups is not None:
+        if len(groups) == 1:
+            return _order(node, times, dim + 1, ndims)
+        return _sequence(node, [times.intersect_domain(g) for g in groups], dim + 1, ndims)
+    maps = times.get_map_list()
+    intervals = partition([values_of(m, dim, nests=not _is_free(m))
+                           for m in (maps.get_at(k) for k in range(maps.n_map()))])
+    if len(intervals) == 1:
+        return _band(node, times, intervals[0], dim, ndims)
+    parts = [times.intersect_range(_between(i, dim, ndims, times.get_ctx())) for i in intervals]
+    filters = isl.UnionSetList.alloc(node.get_ctx(), len(parts))
+    for part in parts:
+        filters = filters.add(part.domain())
     node = node.insert_sequence(filters)
-    for k, instances in enumerate(groups):
+    for k, (part, interval) in enumerate(zip(parts, intervals)):
         leaf = node.child(k).child(0)
-        node = _order(leaf, times.intersect_domain(instances), dim + 1, ndims).parent().parent()
+        part = part.detect_equalities()
+        below = _band(leaf, part, interval, dim, ndims) if interval.period else \
+            _order(leaf, part, dim + 1, ndims)
+        node = below.parent().parent()
     return node
+
+
+def _sequence(node: isl.ScheduleNode, parts: list[isl.UnionMap], dim: int,
+              ndims: int) -> isl.ScheduleNode:
+    """A sequence node below ``node`` running ``parts`` in order, each ordered from ``dim``."""
+    filters = isl.UnionSetList.alloc(node.get_ctx(), len(parts))
+    for part in parts:
+        filters = filters.add(part.domain())
+    node = node.insert_sequence(filters)
+    for k, part in enumerate(parts):
+        node = _order(node.child(k).child(0), part, dim, ndims).parent().parent()
+    return node
+
+
+def _band(node: isl.ScheduleNode, times: isl.UnionMap, interval: Interval, dim: int,
+          ndims: int) -> isl.ScheduleNode:
+    """A loop over ``dim`` below ``node``; with a period above 1, over the iteration
+    ``(v - first) // period``, the body ordered by ``(v - first) mod period``."""
+    if interval.period > 1:
+        times = _strip_mined(times, interval, dim, ndims)
+        ndims += 1
+    node = node.insert_partial_schedule(_dim_schedule(times, dim, ndims))
+    return _order(node.child(0), times, dim + 1, ndims).parent()
+
+
+def _is_free(m: isl.Map) -> bool:
+    """A free statement (``F<id>``, see ``tempo.schedule.scheduler``)."""
+    return m.get_tuple_name(isl.dim_type.in_).startswith("F")
+
+
+def _between(interval: Interval, dim: int, ndims: int, ctx: isl.Context) -> isl.Set:
+    """Times whose ``dim`` lies in ``interval``."""
+    names = ", ".join(f"x{k}" for k in range(ndims))
+    return isl.Set(f"{{ [{names}] : {interval.first} <= x{dim} <= {interval.last} }}", context=ctx)
+
+
+def _strip_mined(times: isl.UnionMap, interval: Interval, dim: int, ndims: int) -> isl.UnionMap:
+    """``times`` with output ``dim`` (every value ``first + period * q + r``, ``r`` fixed
+    per statement) replaced by ``q, r``."""
+    out = None
+    maps = times.get_map_list()
+    names = [f"x{k}" for k in range(ndims)]
+    for k in range(maps.n_map()):
+        m = maps.get_at(k)
+        r = (values_of(m, dim).lo - interval.first) % interval.period
+        q = f"floor(({names[dim]} - {interval.first + r}) / {interval.period})"
+        image = [*names[:dim], q, str(r), *names[dim + 1:]]
+        split = isl.Map(f"{{ [{', '.join(names)}] -> [{', '.join(image)}] }}", context=m.get_ctx())
+        one = isl.UnionMap.from_map(m.apply_range(split))
+        out = one if out is None else out.union(one)
+    return out.detect_equalities()
 
 
 def _constant_groups(times: isl.UnionMap, dim: int) -> list[isl.UnionSet] | None:
