@@ -39,14 +39,14 @@ def _order(node: isl.ScheduleNode, times: isl.UnionMap, dim: int, ndims: int) ->
                            for m in (maps.get_at(k) for k in range(maps.n_map()))])
     if len(intervals) == 1:
         return _band(node, times, intervals[0], dim, ndims)
-    parts = [times.intersect_range(_between(i, dim, ndims, times.get_ctx())) for i in intervals]
-    filters = isl.UnionSetList.alloc(node.get_ctx(), len(parts))
-    for part in parts:
+    pieces = [(part.detect_equalities(), i) for i in intervals
+              if not (part := times.intersect_range(_between(i, dim, ndims, times.get_ctx()))).is_empty()]
+    filters = isl.UnionSetList.alloc(node.get_ctx(), len(pieces))
+    for part, _ in pieces:
         filters = filters.add(part.domain())
     node = node.insert_sequence(filters)
-    for k, (part, interval) in enumerate(zip(parts, intervals)):
+    for k, (part, interval) in enumerate(pieces):
         leaf = node.child(k).child(0)
-        part = part.detect_equalities()
         below = _band(leaf, part, interval, dim, ndims) if interval.period else \
             _order(leaf, part, dim + 1, ndims)
         node = below.parent().parent()
