@@ -61,12 +61,12 @@ class MemoryPolicy:
 
 def swapped_ops(graph: SDG, schedule: Schedule, policy: MemoryPolicy,
                 sizes: dict[int, int | None]) -> set[int]:
-    """Ids of the ops whose points ``policy`` keeps in host memory: read outside the
-    innermost loop that produces them, and at least ``swap_min_bytes`` per point (``sizes``:
+    """Ids of the ops whose points ``policy`` keeps in host memory: points that outlive
+    the innermost loop producing them, at least ``swap_min_bytes`` per point (``sizes``:
     bytes per point of each op's outputs, None when they vary)."""
     if not policy.swap:
         return set()
-    loops = _enclosing_loops(schedule)
+    made, freed = _enclosing_loops(schedule, "exec"), _enclosing_loops(schedule, "free")
     consumers = graph.consumers()
     out = set()
     for op in graph.ops.values():
@@ -74,7 +74,7 @@ def swapped_ops(graph: SDG, schedule: Schedule, policy: MemoryPolicy,
         if size is None or size < policy.swap_min_bytes:
             continue
         readers = {e.sink.id for e in consumers[op.id]}
-        if _outlives_its_loop(op, readers, loops):
+        if _outlives_its_loop(op, readers, made, freed.get(op.id, [])):
             out.add(op.id)
     return out
 
@@ -121,24 +121,31 @@ def point_bytes(op: Op, bounds: dict) -> int | None:
     return total
 
 
-def _outlives_its_loop(op: Op, readers: set[int], loops: dict[int, list[tuple[int, ...]]]) -> bool:
-    produced = loops.get(op.id, [])
-    for path in produced:
+def _outlives_its_loop(op: Op, readers: set[int], made: dict[int, list[tuple[int, ...]]],
+                       frees: list[tuple[int, ...]]) -> bool:
+    """Whether points of ``op`` wait past the loop that makes them: none is freed inside
+    that loop (a loop's peeled last iteration, which reads one point made in the loop, is
+    outside it but does not make the loop's points wait), or, for points never freed
+    during the run, a reader is outside it."""
+    for path in made.get(op.id, []):
         if not path:
             continue
         innermost = path[-1]
-        if any(innermost not in reader_path for k in readers for reader_path in loops.get(k, [])):
+        if frees:
+            if not any(innermost in free for free in frees):
+                return True
+        elif any(innermost not in reader for k in readers for reader in made.get(k, [])):
             return True
     return False
 
 
-def _enclosing_loops(schedule: Schedule) -> dict[int, list[tuple[int, ...]]]:
-    """For each op, the loops (by position in the AST) around each of its execution
-    statements, outermost first."""
+def _enclosing_loops(schedule: Schedule, kind: str) -> dict[int, list[tuple[int, ...]]]:
+    """For each op, the loops (by position in the AST) around each of its statements of
+    ``kind`` (``exec`` or ``free``), outermost first."""
     out: dict[int, list[tuple[int, ...]]] = {}
     for name, path in _statement_paths(schedule.root, ()):
         stmt = schedule.statements[name]
-        if stmt.kind == "exec":
+        if stmt.kind == kind:
             out.setdefault(stmt.op.id, []).append(path)
     return out
 

@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import tempo as tp
 from tempo_rl.config import load_config as config
 from tempo_rl.envs import GymnaxEnv
-from tempo_rl.train import train
+from tempo_rl.train import algorithm, algorithm_config, make_env, train
 
 
 def test_step_is_gymnax_step_per_env():
@@ -54,3 +55,21 @@ def test_donating_every_buffer_read_last_trains_bit_for_bit_the_same(tmp_path):
     assert len(state) > 10
     for key in state:
         np.testing.assert_array_equal(saved[0][key], saved[1][key], err_msg=key)
+
+
+def test_low_memory_swaps_the_rollout_not_the_parameters():
+    """``memory=low``: what waits for the learning phase (the rollout's observations and
+    actions) waits in host memory; the parameters and Adam moments, read by the next
+    minibatch update (and by the update peeled after the update loop), stay on the device."""
+    cfg = config("env=gymnax_cartpole", "backend=jax", "memory=low", "env.num_envs=512",
+                 "algorithm.num_steps=16")  # 8 KiB of observations per step: above the threshold
+    env = make_env(cfg["env"], 0)
+    cls, build = algorithm("ppo")
+    program = build(env, algorithm_config(cls, cfg["algorithm"], cfg["network"]), seed=0)
+    exe = program.ctx.compile(program.bounds(2, int(cfg["algorithm"]["num_steps"])), backend="jax",
+                              memory=tp.MemoryPolicy(**cfg["memory"]))
+    swapped = {exe.graph.ops[k].label for k in exe.swapped}
+    assert "obs" in swapped
+    parameters = {op.label for op in exe.graph.ops.values() if op.label in ("weight", "bias")} | \
+        {op.label for op in exe.graph.ops.values() if op.label.startswith(("mu", "nu"))}
+    assert parameters and not parameters & swapped
