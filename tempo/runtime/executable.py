@@ -343,7 +343,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
             raise TempoError(f"cannot read an empty slice of {op.name}, whose shape varies",
                              op.site)
         return backend.zeros((*sizes, *shape), t.dtype)
-    return (SwappedStore if swapped else PointStore)(backend, stats, empty)
+    nbytes = None if shape is None else int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+    return (SwappedStore if swapped else PointStore)(backend, stats, empty, nbytes)
 
 
 # ---- launchers ---------------------------------------------------------------------------
