@@ -33,7 +33,7 @@ def _order(node: isl.ScheduleNode, times: isl.UnionMap, dim: int, ndims: int) ->
     if groups is not None:
         if len(groups) == 1:
             return _order(node, times, dim + 1, ndims)
-        return _sequence(node, [times.intersect_domain(g) for g in groups], dim + 1, ndims)
+        return _sequence(node, times, groups, dim + 1, ndims)
     maps = times.get_map_list()
     intervals = partition([values_of(m, dim, nests=not _is_free(m))
                            for m in (maps.get_at(k) for k in range(maps.n_map()))])
@@ -43,7 +43,7 @@ def _order(node: isl.ScheduleNode, times: isl.UnionMap, dim: int, ndims: int) ->
               if not (part := times.intersect_range(_between(i, dim, ndims, times.get_ctx()))).is_empty()]
     filters = isl.UnionSetList.alloc(node.get_ctx(), len(pieces))
     for part, _ in pieces:
-        filters = filters.add(part.domain())
+        filters = filters.add(part.domain().coalesce())
     node = node.insert_sequence(filters)
     for k, (part, interval) in enumerate(pieces):
         leaf = node.child(k).child(0)
@@ -53,15 +53,17 @@ def _order(node: isl.ScheduleNode, times: isl.UnionMap, dim: int, ndims: int) ->
     return node
 
 
-def _sequence(node: isl.ScheduleNode, parts: list[isl.UnionMap], dim: int,
+def _sequence(node: isl.ScheduleNode, times: isl.UnionMap, groups: list[isl.UnionSet], dim: int,
               ndims: int) -> isl.ScheduleNode:
-    """A sequence node below ``node`` running ``parts`` in order, each ordered from ``dim``."""
-    filters = isl.UnionSetList.alloc(node.get_ctx(), len(parts))
-    for part in parts:
-        filters = filters.add(part.domain())
+    """A sequence node below ``node`` running the instances ``groups`` in order, each
+    ordered from ``dim`` on."""
+    filters = isl.UnionSetList.alloc(node.get_ctx(), len(groups))
+    for instances in groups:
+        filters = filters.add(instances)
     node = node.insert_sequence(filters)
-    for k, part in enumerate(parts):
-        node = _order(node.child(k).child(0), part, dim, ndims).parent().parent()
+    for k, instances in enumerate(groups):
+        leaf = node.child(k).child(0)
+        node = _order(leaf, times.intersect_domain(instances), dim, ndims).parent().parent()
     return node
 
 
