@@ -86,16 +86,16 @@ class JaxBackend:
         program; params that hold arrays (constants folded into a fused op) are not
         hashable, and their kernels are kept per op (``op_id``) by this backend, so that
         an executable's later runs reuse them."""
-        key = _freeze(kind, params)
-        if key is not None:
-            cache, key = _JIT_CACHE, (*key, donate)
+        frozen = _freeze(kind, params)
+        if frozen is not None:
+            cache, key = _JIT_CACHE, (*frozen, donate)
         else:
-            cache, key = self._by_op, (op_id, donate)
-        kernel = cache.get(key) if key[0] is not None else None
+            cache, key = self._by_op, None if op_id is None else (op_id, donate)
+        kernel = cache.get(key) if key is not None else None
         if kernel is None:
             fn, xp = op_def(kind).kernel, self.xp
             kernel = self.jax.jit(lambda *xs: fn(xp, params, *xs), donate_argnums=donate)
-            if key[0] is not None:
+            if key is not None:
                 cache[key] = kernel
         return kernel
 

@@ -197,12 +197,12 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     needed = analyze_points(graph, values, ctx.bound_of, roots)
     stage("points")
     kept = {rt.op.id for rt in outputs}
+    policy = memory or MemoryPolicy()
     for enabled in _pipelines_to_try(passes):
         state = PassState(needed, values, ctx.bound_of, kept, next_id=max(ctx.graph.ops) + 1,
                           parallel=ctx.parallel)
         optimized = run_pipeline(graph, state, enabled, stage) if enabled else graph
         try:
-            policy = memory or MemoryPolicy()
             donors = donation_candidates(optimized, values, kept, policy.donate_min_bytes) \
                 if runtime.name == "jax" and policy.donate else []
             schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed,

@@ -87,13 +87,10 @@ class PointStore:
     def _counter(stats: MemoryStats) -> Bytes:
         return stats.device
 
-    def _bytes(self, value: Any) -> int:
-        return self.point_bytes if self.point_bytes is not None else value.nbytes
-
     def write(self, point: tuple[int, ...], value: Any) -> None:
         data, count = self.data, self.bytes
         if point in data:  # rewritten
-            count.now -= self._bytes(data[point])
+            count.now -= self.point_bytes if self.point_bytes is not None else data[point].nbytes
         else:
             if data.rows and point in data.rows:  # rewritten, a row not yet read
                 self.free(point)

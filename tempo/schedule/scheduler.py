@@ -109,12 +109,13 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     consumers = graph.consumers()
     uses = {op.id: _uses(poly, op, consumers[op.id], poly_needed, live_reads, theta)
             for op in graph.ops.values() if op.id not in kept and op.domain}
-    times = poly.fix_params(_with_frees(poly, theta, uses))
+    lasts = {op_id: _last_use(op_uses) for op_id, op_uses in uses.items() if not op_uses[None].is_empty()}
+    times = poly.fix_params(_with_frees(poly, theta, lasts))
     build = isl.AstBuild.from_context(isl.Set("{ : }", context=ISL))
     root = ast.from_isl(build.node_from_schedule(schedule_tree(times.domain(), times)), {})
     last_reads = {edge: _last_read_condition(poly, edge, live_reads[edge], theta, uses[edge.src.id],
-                                             poly_needed)
-                  for edge in donors if edge.src.id in uses}
+                                             lasts[edge.src.id], poly_needed)
+                  for edge in donors if edge.src.id in lasts}
     return Schedule(root, statements, schedule, last_reads=last_reads)
 
 
@@ -155,30 +156,28 @@ def _last_use(uses: dict[Edge | None, isl.UnionMap]) -> isl.UnionMap:
     return total.lexmax().coalesce()
 
 
-def _with_frees(poly: Polyhedral, theta: isl.UnionMap,
-                uses: dict[int, dict[Edge | None, isl.UnionMap]]) -> isl.UnionMap:
+def _with_frees(poly: Polyhedral, theta: isl.UnionMap, lasts: dict[int, isl.UnionMap]) -> isl.UnionMap:
     """Execution times of every statement, with a free of each stored point right after
-    its last use (``uses``: each freed op's uses; zero-dim and kept ops are not freed
-    during the run).
+    its last use (``lasts``: each freed op's ``_last_use``; zero-dim and kept ops are not
+    freed during the run).
 
     Times get a trailing 0 for executions and 1 for frees, so a free follows the statement
     it waits for.
     """
     times = _append_dim(theta, 0)
-    for op_id, op_uses in uses.items():
-        if op_uses[None].is_empty():
-            continue
-        last = isl.Map.from_union_map(_last_use(op_uses)) \
-            .set_tuple_name(isl.dim_type.in_, _free_name(poly.graph.ops[op_id]))
-        times = times.union(_append_dim(isl.UnionMap.from_map(last), 1))
+    for op_id, last in lasts.items():
+        free = isl.Map.from_union_map(last).set_tuple_name(isl.dim_type.in_,
+                                                           _free_name(poly.graph.ops[op_id]))
+        times = times.union(_append_dim(isl.UnionMap.from_map(free), 1))
     return times
 
 
 def _last_read_condition(poly: Polyhedral, edge: Edge, reads: isl.UnionMap, theta: isl.UnionMap,
-                         uses: dict[Edge | None, isl.UnionMap], needed: isl.UnionSet) -> Expr:
-    """Where (over ``edge.sink``'s domain) the edge's read is the last use of the point it
-    reads, and no other use of that point is at the same time (a sink reading it twice)."""
-    last = _last_use(uses)
+                         uses: dict[Edge | None, isl.UnionMap], last: isl.UnionMap,
+                         needed: isl.UnionSet) -> Expr:
+    """Where (over ``edge.sink``'s domain) the edge's read is the last use (``last``) of the
+    point it reads, and no other use of that point is at the same time (a sink reading it
+    twice)."""
     others = uses[None]
     for other, rel in uses.items():
         if other is not None and other is not edge:
