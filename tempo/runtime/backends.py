@@ -156,9 +156,12 @@ class XlaNamespace:
         return getattr(self._jnp, name)
 
     def _host_argsort(self, x: Any, axis: int = -1, stable: bool = True) -> Any:
-        def sort(values: np.ndarray) -> np.ndarray:
+        def sort(values: Any) -> np.ndarray:
+            # The callback receives a JAX array: np.argsort on it would call its argsort
+            # method, which rejects ``kind`` (a raised and filtered TypeError per call)
+            # before NumPy converts it and sorts.
             kind = "stable" if stable else None
-            return np.argsort(values, axis=axis, kind=kind).astype(np.int32)
+            return np.argsort(np.asarray(values), axis=axis, kind=kind).astype(np.int32)
         result = self._jax.ShapeDtypeStruct(x.shape, self._jnp.int32)
         return self._jax.pure_callback(sort, result, x)
 

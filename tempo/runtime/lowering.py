@@ -42,7 +42,7 @@ from tempo.ir.ops import param_symbols, resolve_params
 from tempo.runtime.stores import BlockStore
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
-from tempo.symbolic.expr import Symbol, compile_function
+from tempo.symbolic.expr import Symbol, compile_function, compile_vectorized
 
 MODES = ("timed", "lowered", "interpreted")
 WARM_ENTRIES = 2
@@ -120,7 +120,8 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
 def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
                bounds: dict[Symbol, int]) -> bool:
     """An innermost ``range`` loop whose statements are device ops with static shapes and
-    point-independent params that read points (not slices), merges, point ops and frees."""
+    point-independent params that read points (not slices), merges, point ops and frees,
+    each op executed at one place in the body."""
     if ast.range_stop(loop) is None:
         return False
     body = [node for node, _ in _guarded_items(loop.body)]
@@ -128,7 +129,8 @@ def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
         return False
     execs = [statements[s.name].op for s in body
              if statements[s.name].kind == "exec" and statements[s.name].op.kind not in POINT_OPS]
-    return any(op.kind != "merge" for op in execs) and all(
+    once = len({op.id for op in execs}) == len(execs)  # not unrolled (S4(c, 0); S4(c, 1))
+    return once and any(op.kind != "merge" for op in execs) and all(
         _device_op(op, graph, bounds) and not any(e.slices for e in graph.in_edges(op)) for op in execs)
 
 
@@ -177,6 +179,16 @@ Slots = tuple[tuple[_Slot, ...], ...]
 
 
 @dataclass
+class _Made:
+    """The points one body op makes in an entry: the iteration (row) of each, and whether
+    the loop also frees it."""
+
+    rows: list[int]
+    points: list[tuple]
+    freed: list[bool]
+
+
+@dataclass
 class _Plan:
     """One entry into the loop, every read resolved: the structure (which decides the
     traced function) and the values to run it with."""
@@ -190,8 +202,7 @@ class _Plan:
     carry_init: dict[tuple[int, int], Any]
     trips: int
     runs: tuple[bool, ...]                     # per exec of the body: whether it runs in this entry
-    made: dict[int, list[tuple[int, tuple]]]   # op id -> (iteration, point) it makes
-    freed: set[tuple[int, tuple]]              # (op id, point) made and freed within the loop
+    made: dict[int, _Made]                     # op id -> the points it makes
     frees: list[tuple[Op, tuple]]              # frees of points made before the loop
 
     @property
@@ -203,56 +214,56 @@ class _Unlowerable(Exception):
     """This entry's reads do not fit a scan; the message says why."""
 
 
-def _resolve_reads(execs: list[tuple[Op, list[Edge]]], reads: dict[tuple[int, int], list],
-                   stores: dict, stack: Callable[[list[Any]], Any]) -> tuple[Slots, list, list, dict]:
-    """Each input's slot, the stored values the scan reads, and the carries' initial values.
+STORE, BODY, CARRY = 0, 1, 2
+"""Where a read's value is, per iteration: a store, this iteration's body, the carry."""
+SOURCES = ("store", "body", "carry")
 
-    ``reads[(position, input)]`` holds, per iteration, ``None`` (not read) or
-    ``(edge, point, source)`` with ``source`` ``"body"``, ``"carry"`` or ``"store"``."""
-    consts: list[Any] = []
-    stacked: list[Any] = []
-    init: dict[tuple[int, int], Any] = {}
-    init_points: dict[tuple[int, int], tuple] = {}
-    slots = []
-    for pos, (op, edges) in enumerate(execs):
-        row = []
-        for k in range(len(edges)):
-            seen = reads[(pos, k)]
-            active = [(n, r) for n, r in enumerate(seen) if r is not None]
-            if not active:
-                row.append(_Slot("unused"))
-                continue
-            edge = active[0][1][0]
-            key = (edge.src.id, edge.src_out)
-            sources = {r[2] for n, r in active if n > 0 or r[2] != "store"}
-            first_from_store = active[0][0] == 0 and active[0][1][2] == "store"
-            read = stores[key].reader(False)
-            if sources <= {"store"} and (sources or first_from_store):
-                values = {r[1] for _, r in active}
-                if len(values) == 1:
-                    consts.append(read(active[0][1][1]))
-                    row.append(_Slot("const", len(consts) - 1))
-                else:
-                    # Iterations that do not read it (a merge branch not taken) reuse a point
-                    # that is read: the value is not used there.
-                    filler = active[0][1][1]
-                    whole = stores[key].stacked([filler if r is None else r[1] for r in seen])
-                    stacked.append(whole if whole is not None else
-                                   stack([read(r[1]) if r is not None else None for r in seen]))
-                    row.append(_Slot("stacked", len(stacked) - 1))
-            elif sources == {"body"} and not first_from_store:
-                row.append(_Slot("body", key))
-            elif sources == {"carry"}:
-                if first_from_store:
-                    point = active[0][1][1]
-                    if init_points.setdefault(key, point) != point:
-                        raise _Unlowerable(f"{op.name} starts from two stored points of {edge.src.name}")
-                    init[key] = read(point)
-                row.append(_Slot("carry", key))
-            else:
-                raise _Unlowerable(f"{op.name} reads {edge.src.name} from {sorted(sources)}")
-        slots.append(tuple(row))
-    return tuple(slots), consts, stacked, init
+
+def _tuples(coords: tuple[np.ndarray, ...], count: int) -> list[tuple]:
+    """Points as tuples, from their coordinates as arrays (``count`` of them)."""
+    return list(zip(*(c.tolist() for c in coords))) if coords else [()] * count
+
+
+class _PointIndex:
+    """Finds which of an op's points (made in an entry) a read names: the points are
+    numbered in a mixed radix over the box that holds them, and looked up sorted."""
+
+    def __init__(self, coords: tuple[np.ndarray, ...], count: int):
+        self.low = [int(c.min()) for c in coords]
+        self.high = [int(c.max()) for c in coords]
+        sizes = [h - lo + 1 for lo, h in zip(self.low, self.high)]
+        self.strides = [int(np.prod(sizes[:d], dtype=np.int64)) for d in range(len(sizes))]
+        keys = self._keys(coords, count)
+        self.order = np.argsort(keys, kind="stable")
+        self.sorted = keys[self.order]
+
+    def _keys(self, coords: tuple[np.ndarray, ...], count: int) -> np.ndarray:
+        keys = np.zeros(count, np.int64)
+        for c, lo, stride in zip(coords, self.low, self.strides):
+            keys += (c - lo) * stride
+        return keys
+
+    def find(self, coords: tuple[np.ndarray, ...], count: int) -> np.ndarray:
+        """Per read point (``count`` of them), the index of the made point it names, or -1."""
+        inside = np.ones(count, bool)
+        for c, lo, h in zip(coords, self.low, self.high):
+            inside &= (c >= lo) & (c <= h)
+        keys = self._keys(coords, count)
+        at = np.minimum(np.searchsorted(self.sorted, keys), len(self.sorted) - 1)
+        return np.where(inside & (self.sorted[at] == keys), self.order[at], -1)
+
+
+@dataclass
+class _Reads:
+    """The reads of one input of one body op in an entry: iterations, points, sources."""
+
+    edge: Edge
+    iterations: np.ndarray
+    coords: tuple[np.ndarray, ...]
+    sources: np.ndarray
+
+    def points(self) -> list[tuple]:
+        return _tuples(self.coords, len(self.iterations))
 
 
 # ---- running a loop ----------------------------------------------------------------------
@@ -268,14 +279,14 @@ class LoopLauncher:
         self.namespace, self.policy, self.choice = namespace, policy, choice
         counters = [*outer, loop.var]
         self.range = compile_function([loop.start, ast.range_stop(loop)], outer)
-        self.items = [(s.name, statements[s.name], compile_function(s.index, counters),
-                       [compile_function([g], counters) for g in guard])
+        self.items = [(s.name, statements[s.name], compile_vectorized(s.index, counters),
+                       compile_vectorized(guard, counters) if guard else None)
                       for s, guard in _guarded_items(loop.body)]
         self.execs = [(st.op, graph.in_edges(st.op)) for _, st, _, _ in self.items
                       if st.kind == "exec" and st.op.kind not in POINT_OPS]
-        self.phis = {op.id: [compile_function(e.phi, op.domain, bounds) for e in edges]
+        self.phis = {op.id: [compile_vectorized(e.phi, op.domain, bounds) for e in edges]
                      for op, edges in self.execs}
-        self.conds = {op.id: [compile_function([e.cond], op.domain, bounds) for e in edges]
+        self.conds = {op.id: compile_vectorized([e.cond for e in edges], op.domain, bounds)
                       for op, edges in self.execs if op.kind == "merge"}
         self.interpret = _interpreter(loop, [v.name for v in outer])
         self.traced = traced
@@ -344,81 +355,152 @@ class LoopLauncher:
     # -- lowered -------------------------------------------------------------------------
     def _plan(self, outer: tuple[int, ...], steps: range) -> _Plan:
         """Every read of every iteration of this entry, resolved to the iteration that
-        makes it or to a store; raises ``_Unlowerable`` where a scan cannot express it."""
-        made: dict[tuple[int, tuple], tuple[int, int]] = {}  # (op id, point) -> (iteration, position)
-        positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
-        reads: dict[tuple[int, int], list] = {(pos, k): [None] * len(steps)
-                                              for pos, (_, edges) in enumerate(self.execs)
-                                              for k in range(len(edges))}
-        branches = {pos: np.zeros(len(steps), np.int32)
-                    for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"}
-        points: dict[int, list[tuple]] = {op.id: [] for op, _ in self.execs}
-        rows: dict[int, list[int]] = {op.id: [] for op, _ in self.execs}
-        frees: list[tuple[Op, tuple, int]] = []
-        for n, v in enumerate(steps):
-            for name, st, index, guards in self.items:
-                if guards and not all(g(*outer, v)[0] for g in guards):
-                    continue
-                point, op = index(*outer, v), st.op
-                if st.kind == "free":
-                    frees.append((op, point, n))
-                    continue
-                if op.kind in POINT_OPS:  # computed now, read from its store by the scan
+        makes it or to a store; raises ``_Unlowerable`` where a scan cannot express it.
+        Indices are computed for all iterations at once (``compile_vectorized``)."""
+        loop_values = np.arange(steps.start, steps.stop, steps.step, dtype=np.int64)
+        trips = len(loop_values)
+        runs: list[tuple[np.ndarray, tuple[np.ndarray, ...]]] = []  # per exec: iterations, points
+        frees: list[tuple[Op, np.ndarray, tuple[np.ndarray, ...]]] = []
+        for name, st, index, guards in self.items:
+            iterations = np.arange(trips)
+            if guards is not None:
+                iterations = np.flatnonzero(np.logical_and.reduce(guards(*outer, loop_values)))
+            coords = index(*outer, loop_values[iterations])
+            if st.kind == "free":
+                frees.append((st.op, iterations, coords))
+            elif st.op.kind in POINT_OPS:  # computed now, read from its store by the scan
+                for point in _tuples(coords, len(iterations)):
                     self.namespace[name](point)
-                    continue
-                pos = positions[op.id]
-                points[op.id].append(point)
-                rows[op.id].append(n)
-                for k in self._active_inputs(pos, point, branches.get(pos), n):
-                    edge = self.execs[pos][1][k]
-                    read = self.phis[op.id][k](*point)
-                    source = made.get((edge.src.id, read))
-                    if source is None:
-                        where = "store"
-                    elif source[0] == n and source[1] < pos:
-                        where = "body"
-                    elif source[0] == n - 1:
-                        where = "carry"
-                    else:
-                        raise _Unlowerable(f"{op.name} reads {edge.src.name} of another iteration")
-                    reads[(pos, k)][n] = (edge, read, where)
-                made[(op.id, point)] = (n, pos)
-        slots, consts, stacked, init = _resolve_reads(self.execs, reads, self.stores, self._stack)
+            else:
+                runs.append((iterations, coords))
+        made = {op.id: (pos, runs[pos][0], _PointIndex(runs[pos][1], len(runs[pos][0])))
+                for pos, (op, _) in enumerate(self.execs) if len(runs[pos][0])}
+        branches = {}
+        reads: list[list[_Reads | None]] = []
+        for pos, (op, edges) in enumerate(self.execs):
+            iterations, coords = runs[pos]
+            taken = None
+            if op.kind == "merge":
+                taken = self._branches(op, coords, len(iterations))
+                branches[pos] = np.zeros(trips, np.int32)
+                branches[pos][iterations] = taken
+            reads.append([self._reads(pos, k, edge, iterations, coords, taken, made)
+                          for k, edge in enumerate(edges)])
+        slots, consts, stacked, init = self._resolve(reads, trips)
         carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
         for key in carries:
             if key not in init:  # read only where another branch is taken at the first iteration
-                out = self.execs[positions[key[0]]][0].outputs[key[1]]
+                out = self.execs[made[key[0]][0]][0].outputs[key[1]]
                 init[key] = self.backend.zeros(tuple(int(d.evaluate(self.bounds)) for d in out.shape),
                                                out.dtype)
-        # Points made and freed within the loop are not written to point stores; frees of
-        # points made before the loop are done after it.
-        freed = {(op.id, point) for op, point, _ in frees if (op.id, point) in made}
-        made_by = {op.id: list(zip(rows[op.id], points[op.id])) for op, _ in self.execs}
+        made_points, later = self._made_and_freed(runs, frees, made)
         exported = tuple((op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
-                         if any((op.id, p) not in freed for _, p in made_by[op.id])
-                         or (made_by[op.id] and (op.id, k) in self.blocks))
-        runs = tuple(bool(rows[op.id]) for op, _ in self.execs)
+                         if op.id in made_points and (not all(made_points[op.id].freed)
+                                                      or (op.id, k) in self.blocks))
         return _Plan(slots, carries, exported, consts, stacked, list(branches.values()), init,
-                     len(steps), runs, made_by, freed,
-                     [(op, p) for op, p, _ in frees if (op.id, p) not in made])
+                     trips, tuple(bool(len(it)) for it, _ in runs), made_points, later)
+
+    def _branches(self, op: Op, coords: tuple[np.ndarray, ...], count: int) -> np.ndarray:
+        """Per point of a merge, the first branch whose condition holds."""
+        holds = np.stack([np.broadcast_to(c, (count,)) for c in self.conds[op.id](*coords)])
+        if not holds.any(axis=0).all():
+            point = _tuples(coords, count)[int(np.argmin(holds.any(axis=0)))]
+            raise _Unlowerable(f"no branch of {op.name} holds at {point}")
+        return holds.argmax(axis=0)
+
+    def _reads(self, pos: int, k: int, edge: Edge, iterations: np.ndarray,
+               coords: tuple[np.ndarray, ...], taken: np.ndarray | None, made: dict) -> _Reads | None:
+        """Input ``k`` of the ``pos``-th body op: the points it reads where it runs (a
+        merge: where branch ``k`` is taken) and where each value is (``SOURCES``)."""
+        if taken is not None:
+            iterations, coords = iterations[taken == k], tuple(c[taken == k] for c in coords)
+        if not len(iterations):
+            return None
+        count = len(iterations)
+        read = tuple(np.broadcast_to(c, (count,)) for c in self.phis[self.execs[pos][0].id][k](*coords))
+        sources = np.full(count, STORE, np.int8)
+        if edge.src.id in made:
+            maker, when, index = made[edge.src.id]
+            found = index.find(read, count)
+            at = np.where(found >= 0, when[found], -1)
+            if ((found >= 0) & (at < iterations - 1)).any():
+                raise _Unlowerable(f"{self.execs[pos][0].name} reads {edge.src.name} of another iteration")
+            sources[(found >= 0) & (at == iterations) & (maker < pos)] = BODY
+            sources[(found >= 0) & (at == iterations - 1)] = CARRY
+        return _Reads(edge, iterations, read, sources)
+
+    def _resolve(self, reads: list[list[_Reads | None]], trips: int) -> tuple[Slots, list, list, dict]:
+        """Each input's slot, the stored values the scan reads, and the carries' initial values."""
+        consts: list[Any] = []
+        stacked: list[Any] = []
+        init: dict[tuple[int, int], Any] = {}
+        init_points: dict[tuple[int, int], tuple] = {}
+        slots = []
+        for pos, row in enumerate(reads):
+            slot_row = []
+            for r in row:
+                if r is None:
+                    slot_row.append(_Slot("unused"))
+                    continue
+                key = (r.edge.src.id, r.edge.src_out)
+                first_from_store = r.iterations[0] == 0 and r.sources[0] == STORE
+                counted = (r.iterations > 0) | (r.sources != STORE)
+                sources = set(r.sources[counted].tolist())
+                read = self.stores[key].reader(False)
+                if sources <= {STORE} and (sources or first_from_store):
+                    points = r.points()
+                    if all((c == c[0]).all() for c in r.coords):
+                        consts.append(read(points[0]))
+                        slot_row.append(_Slot("const", len(consts) - 1))
+                        continue
+                    # Iterations that do not read it (a merge branch not taken) reuse a point
+                    # that is read: the value is not used there.
+                    per_iteration: list[tuple | None] = [None] * trips
+                    for n, point in zip(r.iterations.tolist(), points):
+                        per_iteration[n] = point
+                    whole = self.stores[key].stacked([points[0] if p is None else p for p in per_iteration])
+                    stacked.append(whole if whole is not None else
+                                   self._stack([None if p is None else read(p) for p in per_iteration]))
+                    slot_row.append(_Slot("stacked", len(stacked) - 1))
+                elif sources == {BODY} and not first_from_store:
+                    slot_row.append(_Slot("body", key))
+                elif sources == {CARRY}:
+                    if first_from_store:
+                        point = r.points()[0]
+                        if init_points.setdefault(key, point) != point:
+                            raise _Unlowerable(f"{self.execs[pos][0].name} starts from two stored "
+                                               f"points of {r.edge.src.name}")
+                        init[key] = read(point)
+                    slot_row.append(_Slot("carry", key))
+                else:
+                    where = sorted(SOURCES[s] for s in sources)
+                    raise _Unlowerable(f"{self.execs[pos][0].name} reads {r.edge.src.name} from {where}")
+            slots.append(tuple(slot_row))
+        return tuple(slots), consts, stacked, init
+
+    def _made_and_freed(self, runs: list, frees: list, made: dict) -> tuple[dict[int, _Made], list]:
+        """The points each body op makes and whether the loop frees each (those are not
+        written to point stores), and the frees of points made before the loop (done after
+        it)."""
+        freed = {op_id: np.zeros(len(runs[pos][0]), bool) for op_id, (pos, _, _) in made.items()}
+        later = []
+        for op, iterations, coords in frees:
+            count = len(iterations)
+            found = made[op.id][2].find(coords, count) if op.id in made else np.full(count, -1)
+            if (found >= 0).any():
+                freed[op.id][found[found >= 0]] = True
+            outside = found < 0
+            later += [(op, p) for p in _tuples(tuple(c[outside] for c in coords), int(outside.sum()))]
+        points = {op_id: _Made(runs[pos][0].tolist(), _tuples(runs[pos][1], len(runs[pos][0])),
+                               freed[op_id].tolist())
+                  for op_id, (pos, _, _) in made.items()}
+        return points, later
 
     def _stack(self, values: list[Any]) -> Any:
         """Per-iteration values as one array; iterations that do not read it get zeros."""
         like = next(v for v in values if v is not None)
         zeros = self.backend.zeros(like.shape, like.dtype)
         return self.backend.stack([zeros if v is None else v for v in values])
-
-    def _active_inputs(self, pos: int, point: tuple, branch: np.ndarray | None, n: int) -> list[int]:
-        """The inputs the body's ``pos``-th op reads at ``point``: all, or a merge's first
-        branch whose condition holds (noted in ``branch``)."""
-        op, edges = self.execs[pos]
-        if branch is None:
-            return list(range(len(edges)))
-        for k, cond in enumerate(self.conds[op.id]):
-            if cond(*point)[0]:
-                branch[n] = k
-                return [k]
-        raise _Unlowerable(f"no branch of {op.name} holds at {point}")
 
     def _run_lowered(self, plan: _Plan) -> None:
         fn = self.traced.get(plan.signature)
@@ -438,12 +520,12 @@ class LoopLauncher:
         for key, values in zip(plan.exported, outputs):
             made = plan.made[key[0]]
             if key in self.blocks:  # every row, then the frees: a block is released when
-                self.stores[key].write_rows([p for _, p in made], values, [n for n, _ in made])
-                for _, point in made:  # all its rows were written and freed
-                    if (key[0], point) in plan.freed:
+                self.stores[key].write_rows(made.points, values, made.rows)  # all its rows
+                for point, freed in zip(made.points, made.freed):  # were written and freed
+                    if freed:
                         self.stores[key].free(point)
             else:
-                kept = [(n, p) for n, p in made if (key[0], p) not in plan.freed]
+                kept = [(n, p) for n, p, freed in zip(made.rows, made.points, made.freed) if not freed]
                 self.stores[key].write_rows([p for _, p in kept], values, [n for n, _ in kept])
         for op, point in plan.frees:
             for k in range(len(op.outputs)):

@@ -113,7 +113,7 @@ class PointStore:
                 self.write(point, values[row])
             return
         data, stats, count = self.data, self.stats, self.bytes
-        size = values.nbytes // max(1, values.shape[0])
+        size = self.point_bytes if self.point_bytes is not None else values.nbytes // max(1, values.shape[0])
         for point, row in zip(points, rows):
             self.free(point)
             data.rows[point] = (values, row)
@@ -161,7 +161,8 @@ class PointStore:
         elif point in self.data.rows:
             values, _ = self.data.rows.pop(point)
             self.stats.live -= 1
-            self.bytes.now -= values.nbytes // max(1, values.shape[0])
+            self.bytes.now -= self.point_bytes if self.point_bytes is not None else \
+                values.nbytes // max(1, values.shape[0])
 
 
 class SwappedStore(PointStore):

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Union
 
+import numpy as np
+
 from tempo.errors import UnsupportedExpressionError
 
 ExprLike = Union["Expr", int, bool]
@@ -388,6 +390,22 @@ def _to_python(e: Expr, names: dict[Symbol, str]) -> str:
     return f"{e.op}({', '.join(parts)})"
 
 
+_NP_INFIX = {**_PY_INFIX, "and": "&", "or": "|"}
+_NP_CALLS = {"min": "_np.minimum", "max": "_np.maximum", "not": "_np.logical_not", "select": "_np.where"}
+
+
+def _to_numpy(e: Expr, names: dict[Symbol, str]) -> str:
+    """``_to_python`` for NumPy arrays of symbol values (elementwise logic and min/max)."""
+    if e.op == "const":
+        return repr(e.args[0])
+    if e.op == "sym":
+        return names.get(e, e.args[0])  # type: ignore[call-overload]
+    parts = [_to_numpy(c, names) for c in e.args]
+    if e.op in _NP_INFIX:
+        return f"({parts[0]} {_NP_INFIX[e.op]} {parts[1]})"
+    return f"{_NP_CALLS[e.op]}({', '.join(parts)})"
+
+
 @dataclass(frozen=True)
 class Slice:
     """A half-open range ``start:stop`` of a temporal dimension (step 1)."""
@@ -435,3 +453,22 @@ def compile_function(exprs: Iterable[IndexEntry], params: Iterable[Symbol],
             body.append(entry.substitute(subst).to_python(names))  # type: ignore[arg-type]
     src = f"lambda {', '.join(names[s] for s in params)}: ({''.join(b + ', ' for b in body)})"
     return eval(src, {"min": min, "max": max, "slice": slice})  # noqa: S307 - generated source
+
+
+def compile_vectorized(exprs: Iterable[Expr], params: Iterable[Symbol],
+                       constants: dict[Symbol, int] | None = None) -> Callable[..., tuple]:
+    """``compile_function`` for NumPy arrays: each param is a scalar or an array (the
+    arrays of one shape), and each result an array of that shape (integers, or booleans
+    for conditions), so that a loop's indices are computed for all its iterations at once."""
+    params = list(params)
+    names = {s: f"_a{k}" for k, s in enumerate(params)}
+    subst = dict(constants or {})
+    body = "".join(_to_numpy(e.substitute(subst), names) + ", " for e in exprs)
+    shapes = "".join(f"_np.shape({names[s]}), " for s in params)
+    src = f"lambda {', '.join(names[s] for s in params)}: _broadcast(({body}), ({shapes}))"
+    return eval(src, {"_np": np, "_broadcast": _broadcast})  # noqa: S307 - generated source
+
+
+def _broadcast(values: tuple, shapes: tuple) -> tuple:
+    shape = np.broadcast_shapes(*shapes)
+    return tuple(np.broadcast_to(v, shape) for v in values)

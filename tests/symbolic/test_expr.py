@@ -9,6 +9,7 @@ from __future__ import annotations
 import operator
 import pickle
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from tempo.symbolic.expr import (
     Symbol,
     as_expr,
     compile_function,
+    compile_vectorized,
     linear_form,
     maximum,
     minimum,
@@ -352,6 +354,29 @@ def test_compile_function_examples():
     assert f(3) == (0, slice(3, 7), slice(0, 10), False)
     assert f(8) == (5, slice(8, 10), slice(0, 10), False)
     assert f(5)[3] is True
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees=st.lists(int_trees, min_size=1, max_size=3), cond=bool_trees, env=envs)
+def test_compile_vectorized_matches_the_scalar_function(trees, cond, env):
+    """Over a range of t (an array) and a scalar i, each entry equals plain Python's
+    value at every t, conditions included (elementwise and/or/not)."""
+    entries = [*(e for e, _ in trees), cond[0]]
+    ts = np.arange(-3, 12)
+    columns = compile_vectorized(entries, [t, i], {T: env["T"], I: env["I"]})(ts, env["i"])
+    assert all(c.shape == ts.shape for c in columns)
+    for k, tv in enumerate(ts.tolist()):
+        at = {**env, "t": tv}
+        expected = [py(at) for _, py in trees] + [bool(cond[1](at))]
+        assert [c[k].item() for c in columns] == expected
+
+
+def test_compile_vectorized_broadcasts_constants_and_scalars():
+    f = compile_vectorized([t - i, as_expr(7), (t > 1) & ~(i == 0)], [i, t])
+    d, seven, cond = f(2, np.arange(4))
+    assert d.tolist() == [-2, -1, 0, 1] and seven.tolist() == [7] * 4
+    assert cond.tolist() == [False, False, True, True]
+    assert compile_vectorized([t], [t])(5)[0] == 5
 
 
 def test_compile_function_parameter_order_and_empty_list():
