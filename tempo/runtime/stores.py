@@ -226,10 +226,24 @@ class BlockStore:
             self.stats.peak = max(self.stats.peak, self.stats.live)
 
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
-        """Write row ``rows[n]`` of ``values`` at ``points[n]``, copied to host memory at once."""
+        """Write row ``rows[n]`` of ``values`` at ``points[n]``, copied to host memory at
+        once, one copy per buffer."""
         host = np.asarray(values)
+        by_prefix: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
         for point, row in zip(points, rows):
-            self.write(point, host[row])
+            ks, taken = by_prefix.setdefault(point[:-1], ([], []))
+            ks.append(point[-1])
+            taken.append(row)
+        for prefix, (ks, taken) in by_prefix.items():
+            if prefix not in self.blocks:
+                self.write((*prefix, ks[0]), host[taken[0]])
+            self.blocks[prefix][ks] = host[taken]
+            self.produced[prefix].update(ks)
+            live = self.live[prefix]
+            new = len(set(ks) - live)
+            live.update(ks)
+            self.stats.live += new
+            self.stats.peak = max(self.stats.peak, self.stats.live)
 
     def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
         """None: rows are read from the buffers (see ``PointStore.stacked``)."""
