@@ -187,6 +187,9 @@ class _Made:
     points: list[tuple]
     freed: list[bool]
 
+    def kept_rows(self) -> list[int]:
+        return [n for n, freed in zip(self.rows, self.freed) if not freed]
+
 
 @dataclass
 class _Plan:
@@ -195,7 +198,9 @@ class _Plan:
 
     slots: Slots
     carries: tuple[tuple[int, int], ...]       # outputs read one iteration later
-    exported: tuple[tuple[int, int], ...]      # outputs written to their stores afterwards
+    exported: tuple[tuple[int, int], ...]      # outputs written to their stores afterwards, stacked
+    finals: tuple[tuple[int, int], ...]        # outputs whose one kept point is the last
+                                               # iteration's: written from the final carry
     consts: list[Any]
     stacked: list[Any]
     branches: list[np.ndarray]                 # per merge of the body: the branch per iteration
@@ -207,7 +212,8 @@ class _Plan:
 
     @property
     def signature(self) -> tuple:
-        return self.slots, self.carries, self.exported, len(self.branches), self.trips, self.runs
+        return (self.slots, self.carries, self.exported, self.finals, len(self.branches), self.trips,
+                self.runs)
 
 
 class _Unlowerable(Exception):
@@ -388,17 +394,22 @@ class LoopLauncher:
                           for k, edge in enumerate(edges)])
         slots, consts, stacked, init = self._resolve(reads, trips)
         carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
-        for key in carries:
-            if key not in init:  # read only where another branch is taken at the first iteration
-                out = self.execs[made[key[0]][0]][0].outputs[key[1]]
+        made_points, later = self._made_and_freed(runs, frees, made)
+        exported = [(op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
+                    if op.id in made_points and (not all(made_points[op.id].freed)
+                                                 or (op.id, k) in self.blocks)]
+        # A value kept only from the last iteration (the state a loop leaves) comes out as
+        # the scan's final carry: slicing one row of a stacked output costs a dispatch.
+        finals = tuple(key for key in exported if key not in self.blocks
+                       and made_points[key[0]].kept_rows() == [trips - 1])
+        for key in (*carries, *finals):
+            if key not in init:  # read only where another branch is taken at the first
+                out = self.execs[made[key[0]][0]][0].outputs[key[1]]  # iteration, or final only
                 init[key] = self.backend.zeros(tuple(int(d.evaluate(self.bounds)) for d in out.shape),
                                                out.dtype)
-        made_points, later = self._made_and_freed(runs, frees, made)
-        exported = tuple((op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
-                         if op.id in made_points and (not all(made_points[op.id].freed)
-                                                      or (op.id, k) in self.blocks))
-        return _Plan(slots, carries, exported, consts, stacked, list(branches.values()), init,
-                     trips, tuple(bool(len(it)) for it, _ in runs), made_points, later)
+        return _Plan(slots, carries, tuple(k for k in exported if k not in finals), finals, consts,
+                     stacked, list(branches.values()), init, trips,
+                     tuple(bool(len(it)) for it, _ in runs), made_points, later)
 
     def _branches(self, op: Op, coords: tuple[np.ndarray, ...], count: int) -> np.ndarray:
         """Per point of a merge, the first branch whose condition holds."""
@@ -514,9 +525,12 @@ class LoopLauncher:
             self._compiling = time.perf_counter() - begin
             self.choice.compile_seconds += self._compiling
             self.traced[plan.signature] = fn
-        _, outputs = fn(*args)
+        last, outputs = fn(*args)
         if self.wait_for_outputs:
-            self.backend.synchronize(outputs)
+            self.backend.synchronize((last, outputs))
+        for key in plan.finals:
+            made = plan.made[key[0]]
+            self.stores[key].write(made.points[made.rows.index(plan.trips - 1)], last[key])
         for key, values in zip(plan.exported, outputs):
             made = plan.made[key[0]]
             if key in self.blocks:  # every row, then the frees: a block is released when
@@ -534,7 +548,8 @@ class LoopLauncher:
     def _scan(self, plan: _Plan) -> Callable:
         """The loop as a function of the plan's values, for ``jax.jit``."""
         jax, xp = self.backend.jax, self.backend.xp
-        slots, carries, exported, runs = plan.slots, plan.carries, plan.exported, plan.runs
+        slots, exported, runs = plan.slots, plan.exported, plan.runs
+        carried = sorted({*plan.carries, *plan.finals})
         merges = [pos for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"]
         kernels = [(op, op.definition.kernel, resolve_params(op.params, self.bounds))
                    for op, _ in self.execs]
@@ -565,7 +580,7 @@ class LoopLauncher:
                     outs = kernel(xp, params, *(value(s) for s in row))
                     for k, out in enumerate(outs if op.definition.multi_output else (outs,)):
                         values[(op.id, k)] = out
-                return {key: values[key] for key in carries}, tuple(values[key] for key in exported)
+                return {key: values[key] for key in carried}, tuple(values[key] for key in exported)
             return jax.lax.scan(step, init, (stacked, branches))
         return run
 
