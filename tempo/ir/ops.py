@@ -19,7 +19,7 @@ import numpy as np
 from tempo.errors import ShapeError
 from tempo.ir import random
 from tempo.ir.types import Shape, TensorType, same_dim
-from tempo.symbolic.expr import Expr, as_expr, const
+from tempo.symbolic.expr import Expr, as_expr, compile_vectorized, const
 
 Kernel = Callable[..., Any]
 InferRule = Callable[..., tuple[TensorType, ...]]
@@ -41,12 +41,16 @@ class OpDef:
     multi_output: bool = False
     conditional_inputs: bool = False
     """Whether input edges may carry a condition (merge branches, reader sums)."""
+    batched: Kernel | None = None
+    """For host ops without inputs whose value is a function of the point (symbol values,
+    coordinates): ``batched(params, point, count)`` computes ``count`` points at once,
+    each coordinate in ``point`` an array, and returns them stacked on a first axis."""
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def register(name: str, infer: InferRule, kernel: Kernel | None, **flags: bool) -> OpDef:
+def register(name: str, infer: InferRule, kernel: Kernel | None, **flags: Any) -> OpDef:
     OPS[name] = OpDef(name, infer, kernel, **flags)
     return OPS[name]
 
@@ -438,10 +442,21 @@ def _eval_symbol(p: dict, point: dict, *inputs: Any) -> np.ndarray:
     return np.asarray(p["expr"].evaluate(point), dtype=p["dtype"])
 
 
+def _eval_symbol_batched(p: dict, point: dict, count: int) -> np.ndarray:
+    names = tuple(point)
+    values = _vectorized(p["expr"], names)(*point.values())[0]
+    return np.broadcast_to(values, (count,)).astype(p["dtype"])
+
+
+@functools.cache
+def _vectorized(expr: Expr, names: tuple) -> Callable[..., tuple]:
+    return compile_vectorized([expr], names)
+
+
 # ``in_run``: evaluated at the run's own coordinates, not those a resumed run's origin shows
 # (honoured by the runtime's host launcher, which every path that runs host ops goes through).
 register("eval_symbol", lambda expr, dtype, in_run=False: (TensorType((), dtype),), _eval_symbol,
-         host=True)
+         host=True, batched=_eval_symbol_batched)
 
 
 def _coords(p: dict, point: dict, *inputs: Any) -> np.ndarray:
@@ -464,9 +479,19 @@ def _infer_coords(dims: tuple, stacked: tuple[int, int] | None = None) -> tuple[
     return (TensorType((n,) if stacked is None else (as_expr(stacked[1]), n), "uint32"),)
 
 
+def _coords_batched(p: dict, point: dict, count: int) -> np.ndarray:
+    if "stacked" not in p:
+        return np.stack([np.broadcast_to(point[d], (count,)) for d in p["dims"]], -1).astype(np.uint32)
+    at, size = p["stacked"]
+    out = np.empty((count, size, len(p["dims"])), np.uint32)
+    for k, d in enumerate(p["dims"]):
+        out[:, :, k] = _arange_u32(size) if k == at else np.broadcast_to(point[d], (count,))[:, None]
+    return out
+
+
 # The point's coordinates (as the run sees them, see ``Executable.run``'s origin), which
 # random ops encrypt into their draws.
-register("coords", _infer_coords, _coords, host=True)
+register("coords", _infer_coords, _coords, host=True, batched=_coords_batched)
 
 
 def _infer_rng(*coords: TensorType, **p: Any) -> tuple[TensorType]:

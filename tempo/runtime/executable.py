@@ -126,9 +126,10 @@ class Executable:
                                      self.backend, shift)
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
+        batched = _batched_point_ops(self.schedule, stores, self.bounds, shift) if self._lowered else {}
         for name, (loop, outer) in self._lowered.items():
             launch = LoopLauncher(loop, outer, self.schedule.statements, self.graph, stores,
-                                  self.bounds, self.backend, namespace, self.loops,
+                                  self.bounds, self.backend, namespace, batched, self.loops,
                                   self.loop_choices[name], self._scans[name])
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
         self._program(namespace)
@@ -395,14 +396,20 @@ def _reader_sum_launcher(op: Op, edge: Edge, stores: dict, bounds: dict[Symbol, 
     return launch
 
 
+def _host_view(op: Op, bounds: dict[Symbol, int], shift: dict[Symbol, int]) -> tuple[dict, list[int]]:
+    """The bounds a host op sees and the offsets of its coordinates: moved by the run's
+    origin (``shift``), except for an index into this run's values (``in_run``, see
+    ``tempo.passes.vectorize``)."""
+    if op.params.get("in_run"):
+        shift = {}
+    return {b: v + shift.get(b, 0) for b, v in bounds.items()}, [shift.get(d, 0) for d in op.domain]
+
+
 def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Symbol, int],
                    backend: Any, shift: dict[Symbol, int]) -> Launcher:
     kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
     to_host, from_host, domain = backend.to_host, backend.from_host, op.domain
-    if params.get("in_run"):  # an index into this run's values (tempo.passes.vectorize)
-        shift = {}
-    shifted = {b: v + shift.get(b, 0) for b, v in bounds.items()}
-    offsets = [shift.get(d, 0) for d in domain]
+    shifted, offsets = _host_view(op, bounds, shift)
 
     def launch(point: tuple[int, ...]) -> None:
         env = {**shifted, **{d: p + k for d, p, k in zip(domain, point, offsets)}}
@@ -410,6 +417,27 @@ def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Sym
         for write, value in zip(writes, outs if multi else (outs,)):
             write(point, from_host(value))
     return launch
+
+
+def _batched_point_ops(schedule: Schedule, stores: dict, bounds: dict[Symbol, int],
+                       shift: dict[Symbol, int]) -> dict[str, Callable]:
+    """Per statement of an op with a batched kernel (``OpDef.batched``): a function that
+    writes its values at many points at once, ``fn(coordinate arrays, points)``; a
+    lowered loop's plan runs these instead of one launch per point."""
+    table = {}
+    for name, stmt in schedule.statements.items():
+        op = stmt.op
+        if stmt.kind != "exec" or op.definition.batched is None:
+            continue
+        shifted, offsets = _host_view(op, bounds, shift)
+
+        def launch(coords: tuple, points: list[tuple], op: Op = op, shifted: dict = shifted,
+                   offsets: list[int] = offsets, store: Any = stores[(op.id, 0)]) -> None:
+            point = {**shifted, **{d: c + k for d, c, k in zip(op.domain, coords, offsets)}}
+            values = op.definition.batched(op.params, point, len(points))
+            store.write_rows(points, values, list(range(len(points))))
+        table[name] = launch
+    return table
 
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],

@@ -47,9 +47,11 @@ from tempo.symbolic.expr import Symbol, compile_function, compile_vectorized
 MODES = ("timed", "lowered", "interpreted")
 WARM_ENTRIES = 2
 """Entries of each form ``timed`` runs before it times one (the earlier ones compile)."""
-POINT_OPS = ("eval_symbol", "coords")
-"""Host ops without inputs whose value is a function of the point: a lowered loop runs
-them on the host, for every iteration, before its scan, which reads their values."""
+def _point_op(op: Op) -> bool:
+    """A host op without inputs whose value is a function of the point (``OpDef.batched``):
+    a lowered loop computes it for all its iterations on the host before its scan, which
+    reads the values."""
+    return op.definition.batched is not None
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
     if any(isinstance(node, ast.Loop) for node in body):
         return False
     execs = [statements[s.name].op for s in body
-             if statements[s.name].kind == "exec" and statements[s.name].op.kind not in POINT_OPS]
+             if statements[s.name].kind == "exec" and not _point_op(statements[s.name].op)]
     once = len({op.id for op in execs}) == len(execs)  # not unrolled (S4(c, 0); S4(c, 1))
     return once and any(op.kind != "merge" for op in execs) and all(
         _device_op(op, graph, bounds) and not any(e.slices for e in graph.in_edges(op)) for op in execs)
@@ -279,17 +281,17 @@ class LoopLauncher:
 
     def __init__(self, loop: ast.Loop, outer: tuple[Symbol, ...], statements: dict[str, Statement],
                  graph: SDG, stores: dict, bounds: dict[Symbol, int], backend: Any,
-                 namespace: dict[str, Callable], policy: LoopPolicy, choice: LoopChoice,
-                 traced: dict[tuple, Callable]):
+                 namespace: dict[str, Callable], batched: dict[str, Callable], policy: LoopPolicy,
+                 choice: LoopChoice, traced: dict[tuple, Callable]):
         self.loop, self.stores, self.bounds, self.backend = loop, stores, bounds, backend
-        self.namespace, self.policy, self.choice = namespace, policy, choice
+        self.namespace, self.batched, self.policy, self.choice = namespace, batched, policy, choice
         counters = [*outer, loop.var]
         self.range = compile_function([loop.start, ast.range_stop(loop)], outer)
         self.items = [(s.name, statements[s.name], compile_vectorized(s.index, counters),
                        compile_vectorized(guard, counters) if guard else None)
                       for s, guard in _guarded_items(loop.body)]
         self.execs = [(st.op, graph.in_edges(st.op)) for _, st, _, _ in self.items
-                      if st.kind == "exec" and st.op.kind not in POINT_OPS]
+                      if st.kind == "exec" and not _point_op(st.op)]
         self.phis = {op.id: [compile_vectorized(e.phi, op.domain, bounds) for e in edges]
                      for op, edges in self.execs}
         self.conds = {op.id: compile_vectorized([e.cond for e in edges], op.domain, bounds)
@@ -374,9 +376,8 @@ class LoopLauncher:
             coords = index(*outer, loop_values[iterations])
             if st.kind == "free":
                 frees.append((st.op, iterations, coords))
-            elif st.op.kind in POINT_OPS:  # computed now, read from its store by the scan
-                for point in _tuples(coords, len(iterations)):
-                    self.namespace[name](point)
+            elif _point_op(st.op):  # computed now, read from its store by the scan
+                self.batched[name](coords, _tuples(coords, len(iterations)))
             else:
                 runs.append((iterations, coords))
         made = {op.id: (pos, runs[pos][0], _PointIndex(runs[pos][1], len(runs[pos][0])))
@@ -428,7 +429,8 @@ class LoopLauncher:
         if not len(iterations):
             return None
         count = len(iterations)
-        read = tuple(np.broadcast_to(c, (count,)) for c in self.phis[self.execs[pos][0].id][k](*coords))
+        read = tuple(c if c.shape == (count,) else np.broadcast_to(c, (count,))
+                     for c in self.phis[self.execs[pos][0].id][k](*coords))
         sources = np.full(count, STORE, np.int8)
         if edge.src.id in made:
             maker, when, index = made[edge.src.id]

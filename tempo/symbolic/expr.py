@@ -470,5 +470,6 @@ def compile_vectorized(exprs: Iterable[Expr], params: Iterable[Symbol],
 
 
 def _broadcast(values: tuple, shapes: tuple) -> tuple:
-    shape = np.broadcast_shapes(*shapes)
-    return tuple(np.broadcast_to(v, shape) for v in values)
+    distinct = {s for s in shapes if s}
+    shape = distinct.pop() if len(distinct) == 1 else np.broadcast_shapes(*shapes)
+    return tuple(v if np.shape(v) == shape else np.broadcast_to(v, shape) for v in values)

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 import tempo as tp
+from tempo.ir.ops import op_def
 from tempo.reference import evaluate
+from tempo.symbolic.expr import Symbol, minimum
 
 RNG = np.random.default_rng(7)
 A = RNG.standard_normal((2, 3)).astype(np.float32)
@@ -87,3 +89,25 @@ def test_tensor_indices_out_of_range_are_clamped_on_every_backend(backend):
     got = ctx.compile({T: 1}, [picked], backend=backend).run()[picked]
     np.testing.assert_array_equal(got, np.take([10.0, 20.0], [0, 5, -3], mode="clip"))
     np.testing.assert_array_equal(evaluate(ctx, {T: 1}, [picked])[picked.key], got)
+
+
+@pytest.mark.parametrize("kind,params", [
+    ("eval_symbol", {"expr": None, "dtype": "int32"}),
+    ("coords", {"dims": ("i", "t")}),
+    ("coords", {"dims": ("i", "t"), "stacked": (0, 5)}),
+])
+def test_batched_point_ops_match_their_kernel_point_by_point(kind, params):
+    """A point op's batched kernel (a lowered loop computes many points at once) gives,
+    row by row, what its kernel gives at each point."""
+    i, t, T = Symbol("i"), Symbol("t"), Symbol("T", "bound")
+    params = dict(params)
+    if kind == "eval_symbol":
+        params["expr"] = minimum(i * T + t, 40) % 7
+    if "dims" in params:
+        params["dims"] = tuple(Symbol(d) for d in params["dims"])
+    definition = op_def(kind)
+    ts = np.arange(3, 12)
+    batched = definition.batched(params, {T: 9, i: 4, t: ts}, len(ts))
+    expected = np.stack([definition.kernel(params, {T: 9, i: 4, t: int(v)}) for v in ts])
+    assert batched.dtype == expected.dtype
+    np.testing.assert_array_equal(batched, expected)
