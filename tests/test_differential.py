@@ -468,14 +468,16 @@ def test_random_program_with_lowered_loops(seed):
 
 
 def test_random_programs_exercise_loop_lowering():
-    lowered = 0
+    """The seeds above lower loops to scans, and run loops of point ops batched."""
+    lowered = batched = 0
     for seed in LOWERED_SEEDS:
         prog = make_program(seed)
         exe = prog.ctx.compile(prog.bounds, [rt for rt, _ in prog.outputs], backend="jax",
                                loops=tp.LoopPolicy("lowered"))
         exe.run()
         lowered += sum(c.form == "lowered" and not c.fallbacks for c in exe.loop_choices.values())
-    assert lowered >= 5
+        batched += sum(c.form == "batched" for c in exe.loop_choices.values())
+    assert lowered >= 5 and batched >= 2
 
 
 @pytest.mark.parametrize("seed", range(0, 40, 5))

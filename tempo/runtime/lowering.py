@@ -9,13 +9,15 @@ carry, values produced before the loop come in as constants or as per-iteration 
 and the values read after the loop come out stacked and are written to their stores.
 
 The plan is made from the concrete points of each entry into the loop (its outer loop
-counters are known then): every read is resolved to the iteration that produced it, or
+counters are known then), for all iterations at once (indices, guards and dependences
+compiled for NumPy arrays): every read is resolved to the iteration that produced it, or
 to a store when no iteration did, so a lowered loop reads exactly what the interpreted
 one would. Point ops (``symbol_value``, the coordinates random draws are keyed by) run on
-the host while the plan is made; the scan reads their values. Where reads do not fit
-(slices of values made in the loop, reads more than one iteration back) or the scan does
-not compile, the loop is interpreted from then on (in the executable's later runs too),
-and ``LoopChoice.fallbacks`` says why.
+the host while the plan is made, batched (``OpDef.batched``); the scan reads their
+values. A loop of point ops alone (and frees) runs batched that way, with no scan. Where
+reads do not fit (slices of values made in the loop, reads more than one iteration back)
+or the scan does not compile, the loop is interpreted from then on (in the executable's
+later runs too), and ``LoopChoice.fallbacks`` says why.
 
 ``LoopPolicy.mode`` chooses per loop: ``"timed"`` (the default) interprets the first two
 entries and runs the next two lowered, timing the second of each (the first ones compile
@@ -31,7 +33,7 @@ force a form where runs must be bitwise reproducible on JAX.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +91,8 @@ class LoopChoice:
     def __str__(self) -> str:
         def ms(x: float | None) -> str:
             return "-" if x is None else f"{x * 1e3:.3f} ms"
+        if self.form == "batched":
+            return f"{self.name} [{', '.join(self.statements)}]: batched (point ops on the host)"
         why = f" (interpreted: {self.fallbacks[0]})" if self.fallbacks else ""
         return (f"{self.name} [{', '.join(self.statements)}]: {self.form or 'undecided'}; per iteration "
                 f"interpreted {ms(self.interpreted)}, lowered {ms(self.lowered)} "
@@ -123,14 +127,17 @@ def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
                bounds: dict[Symbol, int]) -> bool:
     """An innermost ``range`` loop whose statements are device ops with static shapes and
     point-independent params that read points (not slices), merges, point ops and frees,
-    each op executed at one place in the body."""
+    each op executed at one place in the body (a scan), or only point ops and frees (run
+    batched on the host)."""
     if ast.range_stop(loop) is None:
         return False
     body = [node for node, _ in _guarded_items(loop.body)]
     if any(isinstance(node, ast.Loop) for node in body):
         return False
-    execs = [statements[s.name].op for s in body
-             if statements[s.name].kind == "exec" and not _point_op(statements[s.name].op)]
+    ops = [statements[s.name].op for s in body if statements[s.name].kind == "exec"]
+    execs = [op for op in ops if not _point_op(op)]
+    if not execs:
+        return bool(ops)
     once = len({op.id for op in execs}) == len(execs)  # not unrolled (S4(c, 0); S4(c, 1))
     return once and any(op.kind != "merge" for op in execs) and all(
         _device_op(op, graph, bounds) and not any(e.slices for e in graph.in_edges(op)) for op in execs)
@@ -309,6 +316,10 @@ class LoopLauncher:
     def __call__(self, outer: tuple[int, ...]) -> None:
         start, stop = self.range(*outer)
         steps = range(start, stop, self.loop.step)
+        if not self.execs:  # point ops and frees only: always cheaper batched
+            self.choice.form = self.last_form = "batched"
+            self._run_batched(outer, steps)
+            return
         form, timed = self._form(len(steps))
         self._compiling = 0.0
         if timed:  # charge neither form with device work dispatched before the loop
@@ -360,24 +371,42 @@ class LoopLauncher:
         self.backend.synchronize([[*data.values(), *(v for v, _ in data.rows.values())]
                                   for data in points])
 
-    # -- lowered -------------------------------------------------------------------------
+    # -- batched and lowered ---------------------------------------------------------------
+    def _instances(self, outer: tuple[int, ...], steps: range) -> Iterator[tuple[str, Statement,
+                                                                                np.ndarray, tuple]]:
+        """Per statement of the body: the iterations (numbered from 0) it runs at in this
+        entry and its points there, as coordinate arrays."""
+        loop_values = np.arange(steps.start, steps.stop, steps.step, dtype=np.int64)
+        for name, st, index, guards in self.items:
+            iterations = np.arange(len(loop_values))
+            if guards is not None:
+                iterations = np.flatnonzero(np.logical_and.reduce(guards(*outer, loop_values)))
+            yield name, st, iterations, index(*outer, loop_values[iterations])
+
+    def _run_batched(self, outer: tuple[int, ...], steps: range) -> None:
+        """A loop of point ops and frees: each statement at all its points at once (a
+        point is made before it is freed, so statement order is enough)."""
+        for name, st, iterations, coords in self._instances(outer, steps):
+            points = _tuples(coords, len(iterations))
+            if st.kind == "free":
+                for point in points:
+                    self.namespace[name](point)
+            elif points:
+                self.batched[name](coords, points)
+
     def _plan(self, outer: tuple[int, ...], steps: range) -> _Plan:
         """Every read of every iteration of this entry, resolved to the iteration that
         makes it or to a store; raises ``_Unlowerable`` where a scan cannot express it.
         Indices are computed for all iterations at once (``compile_vectorized``)."""
-        loop_values = np.arange(steps.start, steps.stop, steps.step, dtype=np.int64)
-        trips = len(loop_values)
+        trips = len(steps)
         runs: list[tuple[np.ndarray, tuple[np.ndarray, ...]]] = []  # per exec: iterations, points
         frees: list[tuple[Op, np.ndarray, tuple[np.ndarray, ...]]] = []
-        for name, st, index, guards in self.items:
-            iterations = np.arange(trips)
-            if guards is not None:
-                iterations = np.flatnonzero(np.logical_and.reduce(guards(*outer, loop_values)))
-            coords = index(*outer, loop_values[iterations])
+        for name, st, iterations, coords in self._instances(outer, steps):
             if st.kind == "free":
                 frees.append((st.op, iterations, coords))
             elif _point_op(st.op):  # computed now, read from its store by the scan
-                self.batched[name](coords, _tuples(coords, len(iterations)))
+                if len(iterations):
+                    self.batched[name](coords, _tuples(coords, len(iterations)))
             else:
                 runs.append((iterations, coords))
         made = {op.id: (pos, runs[pos][0], _PointIndex(runs[pos][1], len(runs[pos][0])))

@@ -58,9 +58,9 @@ class RunProfile:
 
     def instrument_loop(self, name: str, launch: Callable) -> Callable:
         """A lowerable loop's launcher (``tempo.runtime.lowering``): the entries that ran
-        as one scan are timed whole, as ``("loop", name)``, waiting for the scan's outputs
-        (the point ops it runs first are also in their own rows); interpreted ones are
-        already timed statement by statement."""
+        as one scan or batched on the host are timed whole, as ``("loop", name)``, waiting
+        for the scan's outputs (the point ops it computes are in that row too); interpreted
+        ones are already timed statement by statement."""
         entry = self.ops.setdefault(("loop", name), OpTime())
         clock = time.perf_counter
         launch.wait_for_outputs = True
@@ -68,7 +68,7 @@ class RunProfile:
         def timed(point: tuple[int, ...]) -> None:
             start = clock()
             launch(point)
-            if launch.last_form == "lowered":
+            if launch.last_form in ("lowered", "batched"):
                 entry.seconds += clock() - start
                 entry.calls += 1
         return timed
