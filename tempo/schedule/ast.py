@@ -75,6 +75,20 @@ def from_isl(node: isl.AstNode, symbols: dict[str, Expr] | None = None) -> Node:
     raise TempoError(f"internal: unsupported isl AST node {kind}")
 
 
+def guarded_items(node: Node, guard: tuple = ()) -> list[tuple[Stmt | Loop, tuple[Expr, ...]]]:
+    """The statements and loops of a loop body, in order, each with the conditions
+    (expressions) that guard it."""
+    if isinstance(node, (Stmt, Loop)):
+        return [(node, guard)]
+    if isinstance(node, Seq):
+        return [item for c in node.body for item in guarded_items(c, guard)]
+    assert isinstance(node, If)
+    items = guarded_items(node.then, (*guard, node.cond))
+    if node.orelse is not None:
+        items += guarded_items(node.orelse, (*guard, ~node.cond))
+    return items
+
+
 def range_stop(loop: Loop) -> Expr | None:
     """``stop`` when the loop condition is ``var < stop`` or ``var <= stop - 1``."""
     c = loop.cond
