@@ -375,35 +375,28 @@ def _substitute(e: Expr, mapping: dict[Symbol, Expr]) -> Expr:
     return _REBUILD[e.op](*(_substitute(c, mapping) for c in e.args))
 
 
-def _to_python(e: Expr, names: dict[Symbol, str]) -> str:
+_NP_INFIX = {**_PY_INFIX, "and": "&", "or": "|"}
+_NP_CALLS = {"min": "_np.minimum", "max": "_np.maximum", "not": "_np.logical_not", "select": "_np.where"}
+
+
+def _to_python(e: Expr, names: dict[Symbol, str], numpy: bool = False) -> str:
+    """Python source for ``e``; with ``numpy``, for NumPy arrays of symbol values
+    (elementwise logic, ``np.minimum``/``np.maximum``)."""
     if e.op == "const":
         return repr(e.args[0])
     if e.op == "sym":
         return names.get(e, e.args[0])  # type: ignore[call-overload]
-    parts = [_to_python(c, names) for c in e.args]
-    if e.op in _PY_INFIX:
-        return f"({parts[0]} {_PY_INFIX[e.op]} {parts[1]})"
+    parts = [_to_python(c, names, numpy) for c in e.args]
+    infix = _NP_INFIX if numpy else _PY_INFIX
+    if e.op in infix:
+        return f"({parts[0]} {infix[e.op]} {parts[1]})"
+    if numpy:
+        return f"{_NP_CALLS[e.op]}({', '.join(parts)})"
     if e.op == "not":
         return f"(not {parts[0]})"
     if e.op == "select":
         return f"({parts[1]} if {parts[0]} else {parts[2]})"
     return f"{e.op}({', '.join(parts)})"
-
-
-_NP_INFIX = {**_PY_INFIX, "and": "&", "or": "|"}
-_NP_CALLS = {"min": "_np.minimum", "max": "_np.maximum", "not": "_np.logical_not", "select": "_np.where"}
-
-
-def _to_numpy(e: Expr, names: dict[Symbol, str]) -> str:
-    """``_to_python`` for NumPy arrays of symbol values (elementwise logic and min/max)."""
-    if e.op == "const":
-        return repr(e.args[0])
-    if e.op == "sym":
-        return names.get(e, e.args[0])  # type: ignore[call-overload]
-    parts = [_to_numpy(c, names) for c in e.args]
-    if e.op in _NP_INFIX:
-        return f"({parts[0]} {_NP_INFIX[e.op]} {parts[1]})"
-    return f"{_NP_CALLS[e.op]}({', '.join(parts)})"
 
 
 @dataclass(frozen=True)
@@ -463,7 +456,7 @@ def compile_vectorized(exprs: Iterable[Expr], params: Iterable[Symbol],
     params = list(params)
     names = {s: f"_a{k}" for k, s in enumerate(params)}
     subst = dict(constants or {})
-    body = "".join(_to_numpy(e.substitute(subst), names) + ", " for e in exprs)
+    body = "".join(_to_python(e.substitute(subst), names, numpy=True) + ", " for e in exprs)
     shapes = "".join(f"_np.shape({names[s]}), " for s in params)
     src = f"lambda {', '.join(names[s] for s in params)}: _broadcast(({body}), ({shapes}))"
     return eval(src, {"_np": np, "_broadcast": _broadcast})  # noqa: S307 - generated source
