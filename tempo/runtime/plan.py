@@ -219,8 +219,8 @@ class LoopPlanner:
                 init[key] = self.backend.zeros(tuple(int(d.evaluate(self.bounds)) for d in out.shape),
                                                out.dtype)
         return Plan(slots, carries, tuple(k for k in exported if k not in finals), finals, consts,
-                     stacked, list(branches.values()), init, trips,
-                     tuple(bool(len(it)) for it, _ in runs), made_points, later)
+                    stacked, list(branches.values()), init, trips,
+                    tuple(bool(len(it)) for it, _ in runs), made_points, later)
 
     def _branches(self, op: Op, coords: tuple[np.ndarray, ...], count: int) -> np.ndarray:
         """Per point of a merge, the first branch whose condition holds."""
@@ -292,7 +292,7 @@ class LoopPlanner:
                         point = r.points()[0]
                         if init_points.setdefault(key, point) != point:
                             raise Unlowerable(f"{self.execs[pos][0].name} starts from two stored "
-                                               f"points of {r.edge.src.name}")
+                                              f"points of {r.edge.src.name}")
                         init[key] = read(point)
                     slot_row.append(Slot("carry", key))
                 else:
@@ -315,7 +315,7 @@ class LoopPlanner:
             outside = found < 0
             later += [(op, p) for p in tuples(tuple(c[outside] for c in coords), int(outside.sum()))]
         points = {op_id: Made(runs[pos][0].tolist(), tuples(runs[pos][1], len(runs[pos][0])),
-                               freed[op_id].tolist())
+                              freed[op_id].tolist())
                   for op_id, (pos, _, _) in made.items()}
         return points, later
 
