@@ -13,11 +13,16 @@ from tempo_rl.config import load_config as config
 from tempo_rl.train import CONFIG_KEY, ENV_KEY, train
 
 
-@pytest.mark.parametrize("algorithm,env", [("ppo", "cartpole"), ("nstep", "cartpole"),
-                                           ("ppo", "synthetic"), ("ppo", "gymnax_cartpole")])
-def test_resume_reproduces_the_uninterrupted_run(tmp_path, algorithm, env):
+@pytest.mark.parametrize("algorithm,env,backend", [
+    ("ppo", "cartpole", "numpy"), ("nstep", "cartpole", "numpy"), ("ppo", "synthetic", "numpy"),
+    ("ppo", "gymnax_cartpole", "numpy"),
+    # Lowered loops compute the coordinates random draws are keyed by in batches, shifted
+    # by the resumed run's origin as the point-by-point launches are.
+    ("ppo", "synthetic", "jax")])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, algorithm, env, backend):
     common = (f"algorithm={algorithm}", f"env={env}", "algorithm.num_steps=16", "env.num_envs=2",
-              "total_timesteps=256", "checkpoint_every=4", "keep_checkpoints=true")  # 8 iterations
+              "total_timesteps=256", "checkpoint_every=4", "keep_checkpoints=true",  # 8 iterations
+              f"backend={backend}", "loops=lowered")
     full = train(config(*common), tmp_path / "full", progress=False)
     saved = tmp_path / "full" / "checkpoints" / "iteration_3.npz"
     resumed = train(config(*common, f"resume_from={saved}"), tmp_path / "resumed", progress=False)
