@@ -256,9 +256,8 @@ class LoopLauncher:
         last, outputs = fn(*args)
         if self.wait_for_outputs:
             self.backend.synchronize((last, outputs))
-        for key in plan.finals:
-            made = plan.made[key[0]]
-            self.stores[key].write(made.points[made.rows.index(plan.trips - 1)], last[key])
+        for key in plan.finals:  # the one kept point, made at the last iteration
+            self.stores[key].write(plan.made[key[0]].kept()[1][0], last[key])
         for key, values in zip(plan.exported, outputs):
             made = plan.made[key[0]]
             if key in self.planner.blocks:  # every row, then the frees: a block is released when
@@ -267,8 +266,8 @@ class LoopLauncher:
                     if freed:
                         self.stores[key].free(point)
             else:
-                kept = [(n, p) for n, p, freed in zip(made.rows, made.points, made.freed) if not freed]
-                self.stores[key].write_rows([p for _, p in kept], values, [n for n, _ in kept])
+                rows, points = made.kept()
+                self.stores[key].write_rows(points, values, rows)
         for op, point in plan.frees:
             for k in range(len(op.outputs)):
                 self.stores[(op.id, k)].free(point)

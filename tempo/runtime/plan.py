@@ -57,8 +57,10 @@ class Made:
     points: list[tuple]
     freed: list[bool]
 
-    def kept_rows(self) -> list[int]:
-        return [n for n, freed in zip(self.rows, self.freed) if not freed]
+    def kept(self) -> tuple[list[int], list[tuple]]:
+        """The rows and points the loop does not free (written back after it)."""
+        kept = [(n, p) for n, p, freed in zip(self.rows, self.points, self.freed) if not freed]
+        return [n for n, _ in kept], [p for _, p in kept]
 
 
 @dataclass
@@ -212,7 +214,7 @@ class LoopPlanner:
         # A value kept only from the last iteration (the state a loop leaves) comes out as
         # the scan's final carry: slicing one row of a stacked output costs a dispatch.
         finals = tuple(key for key in exported if key not in self.blocks
-                       and made_points[key[0]].kept_rows() == [trips - 1])
+                       and made_points[key[0]].kept()[0] == [trips - 1])
         for key in (*carries, *finals):
             if key not in init:  # read only where another branch is taken at the first
                 out = self.execs[made[key[0]][0]][0].outputs[key[1]]  # iteration, or final only

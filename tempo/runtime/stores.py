@@ -113,7 +113,7 @@ class PointStore:
                 self.write(point, values[row])
             return
         data, stats, count = self.data, self.stats, self.bytes
-        size = self.point_bytes if self.point_bytes is not None else values.nbytes // max(1, values.shape[0])
+        size = self._row_bytes(values)
         for point, row in zip(points, rows):
             self.free(point)
             data.rows[point] = (values, row)
@@ -161,8 +161,11 @@ class PointStore:
         elif point in self.data.rows:
             values, _ = self.data.rows.pop(point)
             self.stats.live -= 1
-            self.bytes.now -= self.point_bytes if self.point_bytes is not None else \
-                values.nbytes // max(1, values.shape[0])
+            self.bytes.now -= self._row_bytes(values)
+
+    def _row_bytes(self, values: Any) -> int:
+        """Bytes of one point held as a row of the stacked array ``values``."""
+        return self.point_bytes if self.point_bytes is not None else values.nbytes // max(1, values.shape[0])
 
 
 class SwappedStore(PointStore):
@@ -213,12 +216,7 @@ class BlockStore:
 
     def write(self, point: tuple[int, ...], value: Any) -> None:
         prefix, k = point[:-1], point[-1]
-        block = self.blocks.get(prefix)
-        if block is None:
-            block = self.blocks[prefix] = np.zeros((self.length, *self.shape), self.dtype)
-            self.live[prefix], self.produced[prefix] = set(), set()
-            self.stats.host.add(block.nbytes)
-        block[k] = np.asarray(value)
+        self._block(prefix)[k] = np.asarray(value)
         self.produced[prefix].add(k)
         if k not in self.live[prefix]:
             self.live[prefix].add(k)
@@ -235,15 +233,22 @@ class BlockStore:
             ks.append(point[-1])
             taken.append(row)
         for prefix, (ks, taken) in by_prefix.items():
-            if prefix not in self.blocks:
-                self.write((*prefix, ks[0]), host[taken[0]])
-            self.blocks[prefix][ks] = host[taken]
+            self._block(prefix)[ks] = host[taken]
             self.produced[prefix].update(ks)
             live = self.live[prefix]
             new = len(set(ks) - live)
             live.update(ks)
             self.stats.live += new
             self.stats.peak = max(self.stats.peak, self.stats.live)
+
+    def _block(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """The buffer of ``prefix``, allocated at its first write."""
+        block = self.blocks.get(prefix)
+        if block is None:
+            block = self.blocks[prefix] = np.zeros((self.length, *self.shape), self.dtype)
+            self.live[prefix], self.produced[prefix] = set(), set()
+            self.stats.host.add(block.nbytes)
+        return block
 
     def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
         """None: rows are read from the buffers (see ``PointStore.stacked``)."""
