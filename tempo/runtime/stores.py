@@ -60,13 +60,14 @@ class _Points(dict):
     lowered loop's output) wait in ``rows`` and are sliced out when first read, so a
     loop's output costs no dispatch per point unless a point is read alone."""
 
-    def __init__(self) -> None:
+    def __init__(self, take: Callable[[Any, int], Any]) -> None:
         super().__init__()
         self.rows: dict[tuple[int, ...], tuple[Any, int]] = {}
+        self.take = take
 
     def __missing__(self, point: tuple[int, ...]) -> Any:
         values, row = self.rows.pop(point)
-        value = self[point] = values[row]
+        value = self[point] = self.take(values, row)
         return value
 
 
@@ -78,7 +79,7 @@ class PointStore:
                  point_bytes: int | None = None):
         self.backend, self.stats, self.empty = backend, stats, empty
         self.bytes = self._counter(stats)
-        self.data = _Points()
+        self.data = _Points(backend.take)
         self.point_bytes = point_bytes
         """Bytes of every point when the shape is static (a JAX array's ``nbytes`` is a
         Python property costing ~2 us, paid at every write and free)."""
@@ -110,7 +111,7 @@ class PointStore:
         so the stacked array is not kept alive for a few rows. Bytes count per row."""
         if 2 * len(rows) < values.shape[0]:
             for point, row in zip(points, rows):
-                self.write(point, values[row])
+                self.write(point, self.backend.take(values, row))
             return
         data, stats, count = self.data, self.stats, self.bytes
         size = self._row_bytes(values)
@@ -136,8 +137,8 @@ class PointStore:
                 return None
             rows.append(entry[1])
         if rows == list(range(rows[0], rows[0] + len(rows))):
-            return values if len(rows) == values.shape[0] else values[rows[0]:rows[0] + len(rows)]
-        return values[np.asarray(rows)]
+            return values if len(rows) == values.shape[0] else self.backend.rows(values, rows[0], len(rows))
+        return self.backend.take(values, np.asarray(rows))
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         """The read function for an edge: point reads are a plain dict lookup."""
