@@ -480,6 +480,38 @@ def test_random_programs_exercise_loop_lowering():
     assert lowered >= 5 and batched >= 2
 
 
+def test_reused_plans_are_the_plans_made_anew(monkeypatch):
+    """Wherever a lowered loop takes an earlier entry's plan (``LoopPlanner``), that plan
+    is the one made from scratch for the entry: structure, stored values read, branches,
+    points written back and frees."""
+    from tempo.runtime.plan import LoopPlanner
+    plan, compared = LoopPlanner.plan, []
+
+    def checked(self: LoopPlanner, outer: tuple, steps: range):
+        reused = self.reused
+        got = plan(self, outer, steps)
+        if self.reused == reused:
+            return got
+        made = self._plan([(it, c) for _, _, it, c in self.instances(outer, steps)], len(steps)).plan
+        assert got.signature == made.signature
+        for a, b in [*zip(got.consts, made.consts), *zip(got.stacked, made.stacked),
+                     *zip(got.branches, made.branches)]:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert (len(got.consts), len(got.stacked)) == (len(made.consts), len(made.stacked))
+        assert got.carry_init.keys() == made.carry_init.keys()
+        for key in made.carry_init:
+            np.testing.assert_array_equal(np.asarray(got.carry_init[key]), np.asarray(made.carry_init[key]))
+        assert {k: (m.rows, m.points, m.freed) for k, m in got.made.items()} == \
+            {k: (m.rows, m.points, m.freed) for k, m in made.made.items()}
+        assert [(op.id, p) for op, p in got.frees] == [(op.id, p) for op, p in made.frees]
+        compared.append(outer)
+        return got
+    monkeypatch.setattr(LoopPlanner, "plan", checked)
+    for seed in LOWERED_SEEDS:
+        check_program(seed, "jax", both_bounds=False, loops=tp.LoopPolicy("lowered", min_trips=1))
+    assert len(compared) >= 5
+
+
 @pytest.mark.parametrize("seed", range(0, 40, 5))
 def test_random_program_unoptimized(seed):
     check_program(seed, "numpy", both_bounds=False, passes=())

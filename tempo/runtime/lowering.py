@@ -80,6 +80,8 @@ class LoopChoice:
     compile_seconds: float = 0.0
     form: str | None = None
     fallbacks: list[str] = field(default_factory=list)
+    reused: int = 0
+    """Lowered entries whose plan was an earlier entry's, moved (``LoopPlanner``)."""
 
     def __str__(self) -> str:
         def ms(x: float | None) -> str:
@@ -89,7 +91,7 @@ class LoopChoice:
         why = f" (interpreted: {self.fallbacks[0]})" if self.fallbacks else ""
         return (f"{self.name} [{', '.join(self.statements)}]: {self.form or 'undecided'}; per iteration "
                 f"interpreted {ms(self.interpreted)}, lowered {ms(self.lowered)} "
-                f"(compile {self.compile_seconds:.2f} s){why}")
+                f"(compile {self.compile_seconds:.2f} s; plans reused in {self.reused} entries){why}")
 
 
 # ---- finding the loops -------------------------------------------------------------------
@@ -186,7 +188,10 @@ class LoopLauncher:
         begin = time.perf_counter()
         if form == "lowered":
             try:
-                self._run_lowered(self.planner.plan(outer, steps))
+                reused = self.planner.reused
+                plan = self.planner.plan(outer, steps)
+                self.choice.reused += self.planner.reused - reused
+                self._run_lowered(plan)
             except Unlowerable as why:
                 self.choice.fallbacks.append(str(why))
                 form = "interpreted"

@@ -22,7 +22,7 @@ from tempo.ir.graph import SDG, Edge, Op
 from tempo.runtime.stores import BlockStore
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
-from tempo.symbolic.expr import Symbol, compile_vectorized
+from tempo.symbolic.expr import Symbol, compile_vectorized, linear_form
 
 
 def point_op(op: Op) -> bool:
@@ -144,9 +144,49 @@ class Reads:
         return tuples(self.coords, len(self.iterations))
 
 
+    def first(self) -> tuple:
+        """The point read at the first of these iterations."""
+        return tuple(int(c[0]) for c in self.coords)
+
+
+Instances = list[tuple[np.ndarray, tuple[np.ndarray, ...]]]
+"""Per statement of a loop body, in an entry: the iterations it runs at (numbered from 0)
+and its points there, as coordinate arrays."""
+
+Fetch = tuple[str, int, int]
+"""A stored value a plan reads: ``("const" | "stacked" | "init", exec position, input)``."""
+
+TEMPLATES = 4
+"""Planned entries a loop keeps for reuse by later entries (``LoopPlanner.plan``)."""
+
+ANY = None
+"""The offset of a statement with no instances in both entries: any offset fits."""
+
+
+@dataclass
+class _Template:
+    """A planned entry with what its plan was made from, for reuse by later entries."""
+
+    instances: Instances
+    reads: list[list[Reads | None]]
+    taken: dict[int, np.ndarray]          # per merge (exec position): the branch of each point
+    fetches: list[Fetch]
+    outside: dict[int, np.ndarray]        # per free (item position): its points made before the loop
+    plan: Plan
+
+
 class LoopPlanner:
     """Makes the plans of one lowerable loop's entries; ``batched`` holds the batched
-    launchers of its point ops (``Executable``), run while a plan is made."""
+    launchers of its point ops (``Executable``), run while a plan is made.
+
+    An entry's plan is reused from an earlier one (a template) when the entry is that one
+    moved in index space: each statement runs at the same iterations, at points offset by a
+    constant (the same for an op's execution and its frees), every read names a point
+    offset by the offset of the op that makes it (exactly: by the linear part of an affine
+    index, or by evaluating a non-affine one), and every merge takes the same branches.
+    Which iteration made each value is then the same, and only the stored values (and the
+    points written back) are the new entry's. In PPO, entries of the same loop in different
+    training iterations are such translates."""
 
     def __init__(self, loop: ast.Loop, outer: tuple[Symbol, ...], statements: dict[str, Statement],
                  graph: SDG, stores: dict, bounds: dict[Symbol, int], backend: Any,
@@ -159,12 +199,23 @@ class LoopPlanner:
         self.execs = [(st.op, graph.in_edges(st.op)) for _, st, _, _ in self.items
                       if st.kind == "exec" and not point_op(st.op)]
         """The body's ops the scan runs, in order, with their input edges."""
+        self.exec_items = [n for n, (_, st, _, _) in enumerate(self.items)
+                           if st.kind == "exec" and not point_op(st.op)]
+        """Per exec, its statement's position among the items."""
+        self.positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
+        self.frees = [n for n, (_, st, _, _) in enumerate(self.items) if st.kind == "free"]
         self.phis = {op.id: [compile_vectorized(e.phi, op.domain, bounds) for e in edges]
                      for op, edges in self.execs}
+        self.linear = {op.id: [_linear_index(e.phi, op.domain, bounds) for e in edges]
+                       for op, edges in self.execs}
+        """Per input of each exec: the coefficients of its index over the op's dims, when affine."""
         self.conds = {op.id: compile_vectorized([e.cond for e in edges], op.domain, bounds)
                       for op, edges in self.execs if op.kind == "merge"}
         self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
         """Outputs kept in block stores (host buffers): written back whole."""
+        self.templates: list[_Template] = []
+        self.reused = 0
+        """Entries whose plan was a template's."""
 
     def instances(self, outer: tuple[int, ...], steps: range) -> Iterator[tuple[str, Statement,
                                                                                 np.ndarray, tuple]]:
@@ -180,34 +231,40 @@ class LoopPlanner:
     def plan(self, outer: tuple[int, ...], steps: range) -> Plan:
         """Every read of every iteration of this entry, resolved to the iteration that
         makes it or to a store; raises ``Unlowerable`` where a scan cannot express it.
-        Indices are computed for all iterations at once (``compile_vectorized``)."""
+        Point ops run now. The plan is a template's where the entry is a translate of it,
+        else made anew (and kept as a template)."""
         trips = len(steps)
-        runs: list[tuple[np.ndarray, tuple[np.ndarray, ...]]] = []  # per exec: iterations, points
-        frees: list[tuple[Op, np.ndarray, tuple[np.ndarray, ...]]] = []
-        for name, st, iterations, coords in self.instances(outer, steps):
-            if st.kind == "free":
-                frees.append((st.op, iterations, coords))
-            elif point_op(st.op):  # computed now, read from its store by the scan
-                if len(iterations):
-                    self.batched[name](coords, tuples(coords, len(iterations)))
-            else:
-                runs.append((iterations, coords))
+        instances = [(iterations, coords) for _, _, iterations, coords in self.instances(outer, steps)]
+        for (name, st, _, _), (iterations, coords) in zip(self.items, instances):
+            if st.kind == "exec" and point_op(st.op) and len(iterations):
+                self.batched[name](coords, tuples(coords, len(iterations)))
+        for n, template in enumerate(self.templates):
+            plan = self._reuse(template, instances, trips)
+            if plan is not None:
+                self.templates.insert(0, self.templates.pop(n))
+                self.reused += 1
+                return plan
+        template = self._plan(instances, trips)
+        self.templates = [template, *self.templates[:TEMPLATES - 1]]
+        return template.plan
+
+    # ---- a new plan ------------------------------------------------------------------------
+    def _plan(self, instances: Instances, trips: int) -> _Template:
+        runs = [instances[n] for n in self.exec_items]  # per exec: iterations, points
         made = {op.id: (pos, runs[pos][0], PointIndex(runs[pos][1], len(runs[pos][0])))
                 for pos, (op, _) in enumerate(self.execs) if len(runs[pos][0])}
-        branches = {}
+        taken: dict[int, np.ndarray] = {}
         reads: list[list[Reads | None]] = []
         for pos, (op, edges) in enumerate(self.execs):
             iterations, coords = runs[pos]
-            taken = None
             if op.kind == "merge":
-                taken = self._branches(op, coords, len(iterations))
-                branches[pos] = np.zeros(trips, np.int32)
-                branches[pos][iterations] = taken
-            reads.append([self._reads(pos, k, edge, iterations, coords, taken, made)
+                taken[pos] = self._branches(op, coords, len(iterations))
+            reads.append([self._reads(pos, k, edge, iterations, coords, taken.get(pos), made)
                           for k, edge in enumerate(edges)])
-        slots, consts, stacked, init = self._resolve(reads, trips)
+        slots, fetches = self._slots(reads)
+        consts, stacked, init = self._fetch(reads, fetches, trips)
         carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
-        made_points, later = self._made_and_freed(runs, frees, made)
+        made_points, outside = self._made_and_freed(runs, instances, made)
         exported = [(op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
                     if op.id in made_points and (not all(made_points[op.id].freed)
                                                  or (op.id, k) in self.blocks)]
@@ -220,9 +277,14 @@ class LoopPlanner:
                 out = self.execs[made[key[0]][0]][0].outputs[key[1]]  # iteration, or final only
                 init[key] = self.backend.zeros(tuple(int(d.evaluate(self.bounds)) for d in out.shape),
                                                out.dtype)
-        return Plan(slots, carries, tuple(k for k in exported if k not in finals), finals, consts,
-                    stacked, list(branches.values()), init, trips,
-                    tuple(bool(len(it)) for it, _ in runs), made_points, later)
+        branches = []
+        for pos, chosen in taken.items():
+            branches.append(np.zeros(trips, np.int32))
+            branches[-1][runs[pos][0]] = chosen
+        plan = Plan(slots, carries, tuple(k for k in exported if k not in finals), finals, consts,
+                    stacked, branches, init, trips, tuple(bool(len(it)) for it, _ in runs),
+                    made_points, self._later(instances, outside))
+        return _Template(instances, reads, taken, fetches, outside, plan)
 
     def _branches(self, op: Op, coords: tuple[np.ndarray, ...], count: int) -> np.ndarray:
         """Per point of a merge, the first branch whose condition holds."""
@@ -240,13 +302,11 @@ class LoopPlanner:
             iterations, coords = iterations[taken == k], tuple(c[taken == k] for c in coords)
         if not len(iterations):
             return None
-        count = len(iterations)
-        read = tuple(c if c.shape == (count,) else np.broadcast_to(c, (count,))
-                     for c in self.phis[self.execs[pos][0].id][k](*coords))
-        sources = np.full(count, STORE, np.int8)
+        read = self._index(pos, k, coords, len(iterations))
+        sources = np.full(len(iterations), STORE, np.int8)
         if edge.src.id in made:
             maker, when, index = made[edge.src.id]
-            found = index.find(read, count)
+            found = index.find(read, len(iterations))
             at = np.where(found >= 0, when[found], -1)
             if ((found >= 0) & (at < iterations - 1)).any():
                 raise Unlowerable(f"{self.execs[pos][0].name} reads {edge.src.name} of another iteration")
@@ -254,16 +314,20 @@ class LoopPlanner:
             sources[(found >= 0) & (at == iterations - 1)] = CARRY
         return Reads(edge, iterations, read, sources)
 
-    def _resolve(self, reads: list[list[Reads | None]], trips: int) -> tuple[Slots, list, list, dict]:
-        """Each input's slot, the stored values the scan reads, and the carries' initial values."""
-        consts: list[Any] = []
-        stacked: list[Any] = []
-        init: dict[tuple[int, int], Any] = {}
+    def _index(self, pos: int, k: int, coords: tuple[np.ndarray, ...], count: int) -> tuple[np.ndarray, ...]:
+        """The points input ``k`` of the ``pos``-th body op reads at its points ``coords``."""
+        return tuple(c if c.shape == (count,) else np.broadcast_to(c, (count,))
+                     for c in self.phis[self.execs[pos][0].id][k](*coords))
+
+    def _slots(self, reads: list[list[Reads | None]]) -> tuple[Slots, list[Fetch]]:
+        """Each input's slot, and the stored values the scan reads (in slot order)."""
+        fetches: list[Fetch] = []
+        counts = {"const": 0, "stacked": 0}
         init_points: dict[tuple[int, int], tuple] = {}
         slots = []
         for pos, row in enumerate(reads):
             slot_row = []
-            for r in row:
+            for k, r in enumerate(row):
                 if r is None:
                     slot_row.append(Slot("unused"))
                     continue
@@ -271,58 +335,178 @@ class LoopPlanner:
                 first_from_store = r.iterations[0] == 0 and r.sources[0] == STORE
                 counted = (r.iterations > 0) | (r.sources != STORE)
                 sources = set(r.sources[counted].tolist())
-                read = self.stores[key].reader(False)
                 if sources <= {STORE} and (sources or first_from_store):
-                    points = r.points()
-                    if all((c == c[0]).all() for c in r.coords):
-                        consts.append(read(points[0]))
-                        slot_row.append(Slot("const", len(consts) - 1))
-                        continue
-                    # Iterations that do not read it (a merge branch not taken) reuse a point
-                    # that is read: the value is not used there.
-                    per_iteration: list[tuple | None] = [None] * trips
-                    for n, point in zip(r.iterations.tolist(), points):
-                        per_iteration[n] = point
-                    whole = self.stores[key].stacked([points[0] if p is None else p for p in per_iteration])
-                    stacked.append(whole if whole is not None else
-                                   self._stack([None if p is None else read(p) for p in per_iteration]))
-                    slot_row.append(Slot("stacked", len(stacked) - 1))
+                    kind = "const" if all((c == c[0]).all() for c in r.coords) else "stacked"
+                    slot_row.append(Slot(kind, counts[kind]))
+                    counts[kind] += 1
+                    fetches.append((kind, pos, k))
                 elif sources == {BODY} and not first_from_store:
                     slot_row.append(Slot("body", key))
                 elif sources == {CARRY}:
                     if first_from_store:
-                        point = r.points()[0]
-                        if init_points.setdefault(key, point) != point:
+                        if init_points.setdefault(key, r.first()) != r.first():
                             raise Unlowerable(f"{self.execs[pos][0].name} starts from two stored "
                                               f"points of {r.edge.src.name}")
-                        init[key] = read(point)
+                        fetches.append(("init", pos, k))
                     slot_row.append(Slot("carry", key))
                 else:
                     where = sorted(SOURCES[s] for s in sources)
                     raise Unlowerable(f"{self.execs[pos][0].name} reads {r.edge.src.name} from {where}")
             slots.append(tuple(slot_row))
-        return tuple(slots), consts, stacked, init
+        return tuple(slots), fetches
 
-    def _made_and_freed(self, runs: list, frees: list, made: dict) -> tuple[dict[int, Made], list]:
+    def _fetch(self, reads: list[list[Reads | None]], fetches: list[Fetch],
+               trips: int) -> tuple[list, list, dict]:
+        """The stored values the scan reads: constants, per-iteration stacks, carries'
+        initial values."""
+        consts: list[Any] = []
+        stacked: list[Any] = []
+        init: dict[tuple[int, int], Any] = {}
+        for kind, pos, k in fetches:
+            r = reads[pos][k]
+            assert r is not None
+            key = (r.edge.src.id, r.edge.src_out)
+            if kind == "stacked":
+                stacked.append(self._stacked(key, r, trips))
+            elif kind == "const":
+                consts.append(self.stores[key].reader(False)(r.first()))
+            else:
+                init[key] = self.stores[key].reader(False)(r.first())
+        return consts, stacked, init
+
+    def _stacked(self, key: tuple[int, int], r: Reads, trips: int) -> Any:
+        """The stored points ``r`` reads, one per iteration. Iterations that do not read
+        (a merge branch not taken) reuse a point that is read: the value is not used there."""
+        points = r.points()
+        per_iteration: list[tuple | None] = [None] * trips
+        for n, point in zip(r.iterations.tolist(), points):
+            per_iteration[n] = point
+        store = self.stores[key]
+        whole = store.stacked([points[0] if p is None else p for p in per_iteration])
+        if whole is not None:
+            return whole
+        read = store.reader(False)
+        return self._stack([None if p is None else read(p) for p in per_iteration])
+
+    def _made_and_freed(self, runs: list, instances: Instances,
+                        made: dict) -> tuple[dict[int, Made], dict[int, np.ndarray]]:
         """The points each body op makes and whether the loop frees each (those are not
-        written to point stores), and the frees of points made before the loop (done after
-        it)."""
+        written to point stores), and per free statement which of its points were made
+        before the loop (freed after it)."""
         freed = {op_id: np.zeros(len(runs[pos][0]), bool) for op_id, (pos, _, _) in made.items()}
-        later = []
-        for op, iterations, coords in frees:
+        outside = {}
+        for n in self.frees:
+            op = self.items[n][1].op
+            iterations, coords = instances[n]
             count = len(iterations)
             found = made[op.id][2].find(coords, count) if op.id in made else np.full(count, -1)
             if (found >= 0).any():
                 freed[op.id][found[found >= 0]] = True
-            outside = found < 0
-            later += [(op, p) for p in tuples(tuple(c[outside] for c in coords), int(outside.sum()))]
+            outside[n] = found < 0
         points = {op_id: Made(runs[pos][0].tolist(), tuples(runs[pos][1], len(runs[pos][0])),
                               freed[op_id].tolist())
                   for op_id, (pos, _, _) in made.items()}
-        return points, later
+        return points, outside
+
+    def _later(self, instances: Instances, outside: dict[int, np.ndarray]) -> list[tuple[Op, tuple]]:
+        """The frees of points made before the loop, done after it."""
+        return [(self.items[n][1].op, point) for n, mask in outside.items()
+                for point in tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum()))]
 
     def _stack(self, values: list[Any]) -> Any:
         """Per-iteration values as one array; iterations that do not read it get zeros."""
         like = next(v for v in values if v is not None)
         zeros = self.backend.zeros(like.shape, like.dtype)
         return self.backend.stack([zeros if v is None else v for v in values])
+
+    # ---- a template's plan -----------------------------------------------------------------
+    def _reuse(self, template: _Template, instances: Instances, trips: int) -> Plan | None:
+        """The plan of this entry from ``template``'s, if the entry is a translate of it
+        (see the class), else None."""
+        old = template.plan
+        if old.trips != trips:
+            return None
+        offsets = []
+        for (was_at, was), (now_at, now) in zip(template.instances, instances):
+            if not np.array_equal(was_at, now_at):
+                return None
+            offset = _offset(was, now) if len(now_at) else ANY
+            if offset is False:
+                return None
+            offsets.append(offset)
+        ops = [offsets[n] for n in self.exec_items]  # per exec: the offset of its points
+        for n in self.frees:
+            pos = self.positions.get(self.items[n][1].op.id)
+            if pos is not None and offsets[n] is not ANY and ops[pos] not in (ANY, offsets[n]):
+                return None
+        runs = [instances[n] for n in self.exec_items]
+        for pos, taken in template.taken.items():
+            op = self.execs[pos][0]
+            if not np.array_equal(self._branches(op, runs[pos][1], len(runs[pos][0])), taken):
+                return None
+        reads = self._moved_reads(template, runs, ops)
+        if reads is None:
+            return None
+        consts, stacked, init = self._fetch(reads, template.fetches, trips)
+        for key, zeros in old.carry_init.items():
+            init.setdefault(key, zeros)  # the carries no stored point starts
+        made = {op_id: Made(m.rows, tuples(runs[self.positions[op_id]][1], len(m.rows)), m.freed)
+                for op_id, m in old.made.items()}
+        return Plan(old.slots, old.carries, old.exported, old.finals, consts, stacked, old.branches,
+                    init, trips, old.runs, made, self._later(instances, template.outside))
+
+    def _moved_reads(self, template: _Template, runs: list,
+                     ops: list) -> list[list[Reads | None]] | None:
+        """The template's reads at this entry's points, or None where one of them does not
+        move with the op that makes the point it reads."""
+        made = template.plan.made
+        reads: list[list[Reads | None]] = []
+        for pos, row in enumerate(template.reads):
+            op = self.execs[pos][0]
+            moved: list[Reads | None] = []
+            for k, r in enumerate(row):
+                if r is None:
+                    moved.append(None)
+                    continue
+                src = r.edge.src.id
+                target = ops[self.positions[src]] if src in made else ANY
+                linear = self.linear[op.id][k]
+                if linear is not None:
+                    shift = tuple(sum(a * d for a, d in zip(coefficients, ops[pos]))
+                                  for coefficients in linear)
+                    if target is not ANY and shift != target:
+                        return None
+                    coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
+                else:
+                    iterations, points = runs[pos]
+                    if pos in template.taken:
+                        chosen = template.taken[pos] == k
+                        points = tuple(c[chosen] for c in points)
+                    coords = self._index(pos, k, points, len(r.iterations))
+                    if target is not ANY and _offset(r.coords, coords) != target:
+                        return None
+                moved.append(Reads(r.edge, r.iterations, coords, r.sources))
+            reads.append(moved)
+        return reads
+
+
+def _offset(was: tuple[np.ndarray, ...], now: tuple[np.ndarray, ...]) -> tuple[int, ...] | bool:
+    """The constant offset from points ``was`` to points ``now`` (as many, nonempty), or
+    False when they are not a translate."""
+    offset = tuple(int(b[0]) - int(a[0]) for a, b in zip(was, now))
+    if all(np.array_equal(b, a + d if d else a) for a, b, d in zip(was, now, offset)):
+        return offset
+    return False
+
+
+def _linear_index(phi: tuple, domain: tuple[Symbol, ...],
+                  bounds: dict[Symbol, int]) -> list[tuple[int, ...]] | None:
+    """Per entry of an edge's index, its coefficients over ``domain`` when every entry is
+    affine in the domain's dims (bounds are constants), else None."""
+    rows = []
+    for e in phi:
+        form = linear_form(e.substitute(bounds))
+        if form is None or set(form[0]) - set(domain):
+            return None
+        rows.append(tuple(form[0].get(d, 0) for d in domain))
+    return rows

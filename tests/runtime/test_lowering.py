@@ -41,6 +41,17 @@ def test_a_lowered_loop_computes_what_the_reference_does():
     assert lowered, [str(c) for c in exe.loop_choices.values()]
 
 
+def test_translated_entries_reuse_the_plan():
+    """The t loop's entries at i = 2 and 3 are the one at i = 1 moved along i (the one at
+    i = 0 is not: frees of the previous i's points start at i = 1), so they take its plan
+    and only read their stored values anew."""
+    ctx, bounds, outputs = _recurrences()
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered"))
+    _check(exe, ctx, bounds, outputs)
+    assert max(c.reused for c in exe.loop_choices.values()) == bounds[ctx.bounds[0]] - 2
+    assert "plans reused in 2 entries" in "\n".join(map(str, exe.loop_choices.values()))
+
+
 def test_timed_policy_measures_both_forms_then_keeps_one():
     ctx, bounds, outputs = _recurrences()
     exe = ctx.compile(bounds, outputs, backend="jax")  # timed is the default
