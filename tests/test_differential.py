@@ -450,10 +450,11 @@ def test_random_program_jax(seed):
 
 
 LOWERED_SEEDS = range(1000, 1024)
-LOWERED_REGRESSIONS = [270, 33, 68, 47, 2183]
+LOWERED_REGRESSIONS = [270, 33, 68, 47, 2183, 2253]
 """Programs that once failed lowered: trip counts varying between entries (270), ops that
 do not run in some entries (33, 68), block stores never released (47), an op at two places
-of one loop body (2183: isl unrolled t, so the loop stays interpreted)."""
+of one loop body (2183: isl unrolled t, so the loop stays interpreted), a body op with no
+dims reading a point (2253: its index is a tuple of ints, not of arrays)."""
 
 
 @pytest.mark.parametrize("seed", [*LOWERED_SEEDS, *LOWERED_REGRESSIONS])

@@ -316,7 +316,7 @@ class LoopPlanner:
 
     def _index(self, pos: int, k: int, coords: tuple[np.ndarray, ...], count: int) -> tuple[np.ndarray, ...]:
         """The points input ``k`` of the ``pos``-th body op reads at its points ``coords``."""
-        return tuple(c if c.shape == (count,) else np.broadcast_to(c, (count,))
+        return tuple(c if np.shape(c) == (count,) else np.broadcast_to(c, (count,))
                      for c in self.phis[self.execs[pos][0].id][k](*coords))
 
     def _slots(self, reads: list[list[Reads | None]]) -> tuple[Slots, list[Fetch]]:
