@@ -493,7 +493,8 @@ def test_reused_plans_are_the_plans_made_anew(monkeypatch):
         got = plan(self, outer, steps)
         if self.reused == reused:
             return got
-        made = self._plan([(it, c) for _, _, it, c in self.instances(outer, steps)], len(steps)).plan
+        groups = self._groups(outer, steps)
+        made = self._plan(groups, [groups[g] for _, _, g in self.items], len(steps)).plan
         assert got.signature == made.signature
         for a, b in [*zip(got.consts, made.consts), *zip(got.stacked, made.stacked),
                      *zip(got.branches, made.branches)]:

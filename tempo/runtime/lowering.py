@@ -262,7 +262,7 @@ class LoopLauncher:
         if self.wait_for_outputs:
             self.backend.synchronize((last, outputs))
         for key in plan.finals:  # the one kept point, made at the last iteration
-            self.stores[key].write(plan.made[key[0]].kept()[1][0], last[key])
+            self.stores[key].write(plan.made[key[0]].kept[1][0], last[key])
         for key, values in zip(plan.exported, outputs):
             made = plan.made[key[0]]
             if key in self.planner.blocks:  # every row, then the frees: a block is released when
@@ -271,7 +271,7 @@ class LoopLauncher:
                     if freed:
                         self.stores[key].free(point)
             else:
-                rows, points = made.kept()
+                rows, points = made.kept
                 self.stores[key].write_rows(points, values, rows)
         for op, point in plan.frees:
             for k in range(len(op.outputs)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -54,9 +55,15 @@ class Made:
     the loop also frees it."""
 
     rows: list[int]
-    points: list[tuple]
+    coords: tuple[np.ndarray, ...]
     freed: list[bool]
 
+    @cached_property
+    def points(self) -> list[tuple]:
+        """The points as tuples (only those of values written back are ever needed)."""
+        return tuples(self.coords, len(self.rows))
+
+    @cached_property
     def kept(self) -> tuple[list[int], list[tuple]]:
         """The rows and points the loop does not free (written back after it)."""
         kept = [(n, p) for n, p, freed in zip(self.rows, self.points, self.freed) if not freed]
@@ -167,7 +174,7 @@ ANY = None
 class _Template:
     """A planned entry with what its plan was made from, for reuse by later entries."""
 
-    instances: Instances
+    groups: Instances                     # per index group of the body: iterations, points
     reads: list[list[Reads | None]]
     taken: dict[int, np.ndarray]          # per merge (exec position): the branch of each point
     fetches: list[Fetch]
@@ -193,17 +200,27 @@ class LoopPlanner:
                  batched: dict[str, Callable]):
         self.stores, self.bounds, self.backend, self.batched = stores, bounds, backend, batched
         counters = [*outer, loop.var]
-        self.items = [(s.name, statements[s.name], compile_vectorized(s.index, counters),
-                       compile_vectorized(guard, counters) if guard else None)
-                      for s, guard in ast.guarded_items(loop.body)]
-        self.execs = [(st.op, graph.in_edges(st.op)) for _, st, _, _ in self.items
+        self.items: list[tuple[str, Statement, int]] = []
+        """Per statement of the body: its name, and its index group."""
+        self.indices: list[tuple[Callable, Callable | None]] = []
+        """Per index group (statements with the same index and guards, whose instances are
+        the same): the index and the guards, compiled for NumPy arrays."""
+        groups: dict[tuple, int] = {}
+        for s, guard in ast.guarded_items(loop.body):
+            key = (tuple(map(repr, s.index)), tuple(map(repr, guard)))
+            if key not in groups:
+                groups[key] = len(self.indices)
+                self.indices.append((compile_vectorized(s.index, counters),
+                                     compile_vectorized(guard, counters) if guard else None))
+            self.items.append((s.name, statements[s.name], groups[key]))
+        self.execs = [(st.op, graph.in_edges(st.op)) for _, st, _ in self.items
                       if st.kind == "exec" and not point_op(st.op)]
         """The body's ops the scan runs, in order, with their input edges."""
-        self.exec_items = [n for n, (_, st, _, _) in enumerate(self.items)
+        self.exec_items = [n for n, (_, st, _) in enumerate(self.items)
                            if st.kind == "exec" and not point_op(st.op)]
         """Per exec, its statement's position among the items."""
         self.positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
-        self.frees = [n for n, (_, st, _, _) in enumerate(self.items) if st.kind == "free"]
+        self.frees = [n for n, (_, st, _) in enumerate(self.items) if st.kind == "free"]
         self.phis = {op.id: [compile_vectorized(e.phi, op.domain, bounds) for e in edges]
                      for op, edges in self.execs}
         self.linear = {op.id: [_linear_index(e.phi, op.domain, bounds) for e in edges]
@@ -211,6 +228,9 @@ class LoopPlanner:
         """Per input of each exec: the coefficients of its index over the op's dims, when affine."""
         self.conds = {op.id: compile_vectorized([e.cond for e in edges], op.domain, bounds)
                       for op, edges in self.execs if op.kind == "merge"}
+        self.choices = {pos: (self.items[self.exec_items[pos]][2], tuple(repr(e.cond) for e in edges))
+                        for pos, (op, edges) in enumerate(self.execs) if op.kind == "merge"}
+        """Per merge: its index group and conditions (merges alike take the same branches)."""
         self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
         """Outputs kept in block stores (host buffers): written back whole."""
         self.templates: list[_Template] = []
@@ -221,12 +241,20 @@ class LoopPlanner:
                                                                                 np.ndarray, tuple]]:
         """Per statement of the body: the iterations (numbered from 0) it runs at in this
         entry and its points there, as coordinate arrays."""
+        groups = self._groups(outer, steps)
+        for name, st, group in self.items:
+            yield name, st, *groups[group]
+
+    def _groups(self, outer: tuple[int, ...], steps: range) -> Instances:
+        """Per index group: the iterations its statements run at, and their points."""
         loop_values = np.arange(steps.start, steps.stop, steps.step, dtype=np.int64)
-        for name, st, index, guards in self.items:
+        groups = []
+        for index, guards in self.indices:
             iterations = np.arange(len(loop_values))
             if guards is not None:
                 iterations = np.flatnonzero(np.logical_and.reduce(guards(*outer, loop_values)))
-            yield name, st, iterations, index(*outer, loop_values[iterations])
+            groups.append((iterations, index(*outer, loop_values[iterations])))
+        return groups
 
     def plan(self, outer: tuple[int, ...], steps: range) -> Plan:
         """Every read of every iteration of this entry, resolved to the iteration that
@@ -234,31 +262,30 @@ class LoopPlanner:
         Point ops run now. The plan is a template's where the entry is a translate of it,
         else made anew (and kept as a template)."""
         trips = len(steps)
-        instances = [(iterations, coords) for _, _, iterations, coords in self.instances(outer, steps)]
-        for (name, st, _, _), (iterations, coords) in zip(self.items, instances):
+        groups = self._groups(outer, steps)
+        instances = [groups[group] for _, _, group in self.items]
+        for (name, st, _), (iterations, coords) in zip(self.items, instances):
             if st.kind == "exec" and point_op(st.op) and len(iterations):
                 self.batched[name](coords, tuples(coords, len(iterations)))
         for n, template in enumerate(self.templates):
-            plan = self._reuse(template, instances, trips)
+            plan = self._reuse(template, groups, instances, trips)
             if plan is not None:
                 self.templates.insert(0, self.templates.pop(n))
                 self.reused += 1
                 return plan
-        template = self._plan(instances, trips)
+        template = self._plan(groups, instances, trips)
         self.templates = [template, *self.templates[:TEMPLATES - 1]]
         return template.plan
 
     # ---- a new plan ------------------------------------------------------------------------
-    def _plan(self, instances: Instances, trips: int) -> _Template:
+    def _plan(self, groups: Instances, instances: Instances, trips: int) -> _Template:
         runs = [instances[n] for n in self.exec_items]  # per exec: iterations, points
         made = {op.id: (pos, runs[pos][0], PointIndex(runs[pos][1], len(runs[pos][0])))
                 for pos, (op, _) in enumerate(self.execs) if len(runs[pos][0])}
-        taken: dict[int, np.ndarray] = {}
+        taken = self._taken(runs)
         reads: list[list[Reads | None]] = []
-        for pos, (op, edges) in enumerate(self.execs):
+        for pos, (_, edges) in enumerate(self.execs):
             iterations, coords = runs[pos]
-            if op.kind == "merge":
-                taken[pos] = self._branches(op, coords, len(iterations))
             reads.append([self._reads(pos, k, edge, iterations, coords, taken.get(pos), made)
                           for k, edge in enumerate(edges)])
         slots, fetches = self._slots(reads)
@@ -271,7 +298,7 @@ class LoopPlanner:
         # A value kept only from the last iteration (the state a loop leaves) comes out as
         # the scan's final carry: slicing one row of a stacked output costs a dispatch.
         finals = tuple(key for key in exported if key not in self.blocks
-                       and made_points[key[0]].kept()[0] == [trips - 1])
+                       and made_points[key[0]].kept[0] == [trips - 1])
         for key in (*carries, *finals):
             if key not in init:  # read only where another branch is taken at the first
                 out = self.execs[made[key[0]][0]][0].outputs[key[1]]  # iteration, or final only
@@ -284,7 +311,18 @@ class LoopPlanner:
         plan = Plan(slots, carries, tuple(k for k in exported if k not in finals), finals, consts,
                     stacked, branches, init, trips, tuple(bool(len(it)) for it, _ in runs),
                     made_points, self._later(instances, outside))
-        return _Template(instances, reads, taken, fetches, outside, plan)
+        return _Template(groups, reads, taken, fetches, outside, plan)
+
+    def _taken(self, runs: list) -> dict[int, np.ndarray]:
+        """Per merge, the branch each of its points takes (once per kind of merge)."""
+        taken: dict[int, np.ndarray] = {}
+        by_choice: dict[tuple, np.ndarray] = {}
+        for pos, choice in self.choices.items():
+            if choice not in by_choice:
+                iterations, coords = runs[pos]
+                by_choice[choice] = self._branches(self.execs[pos][0], coords, len(iterations))
+            taken[pos] = by_choice[choice]
+        return taken
 
     def _branches(self, op: Op, coords: tuple[np.ndarray, ...], count: int) -> np.ndarray:
         """Per point of a merge, the first branch whose condition holds."""
@@ -403,8 +441,7 @@ class LoopPlanner:
             if (found >= 0).any():
                 freed[op.id][found[found >= 0]] = True
             outside[n] = found < 0
-        points = {op_id: Made(runs[pos][0].tolist(), tuples(runs[pos][1], len(runs[pos][0])),
-                              freed[op_id].tolist())
+        points = {op_id: Made(runs[pos][0].tolist(), runs[pos][1], freed[op_id].tolist())
                   for op_id, (pos, _, _) in made.items()}
         return points, outside
 
@@ -420,37 +457,38 @@ class LoopPlanner:
         return self.backend.stack([zeros if v is None else v for v in values])
 
     # ---- a template's plan -----------------------------------------------------------------
-    def _reuse(self, template: _Template, instances: Instances, trips: int) -> Plan | None:
+    def _reuse(self, template: _Template, groups: Instances, instances: Instances,
+               trips: int) -> Plan | None:
         """The plan of this entry from ``template``'s, if the entry is a translate of it
         (see the class), else None."""
         old = template.plan
         if old.trips != trips:
             return None
-        offsets = []
-        for (was_at, was), (now_at, now) in zip(template.instances, instances):
+        moved = []  # per index group: the offset of its points
+        for (was_at, was), (now_at, now) in zip(template.groups, groups):
             if not np.array_equal(was_at, now_at):
                 return None
             offset = _offset(was, now) if len(now_at) else ANY
             if offset is False:
                 return None
-            offsets.append(offset)
+            moved.append(offset)
+        offsets = [moved[group] for _, _, group in self.items]
         ops = [offsets[n] for n in self.exec_items]  # per exec: the offset of its points
         for n in self.frees:
             pos = self.positions.get(self.items[n][1].op.id)
             if pos is not None and offsets[n] is not ANY and ops[pos] not in (ANY, offsets[n]):
                 return None
         runs = [instances[n] for n in self.exec_items]
-        for pos, taken in template.taken.items():
-            op = self.execs[pos][0]
-            if not np.array_equal(self._branches(op, runs[pos][1], len(runs[pos][0])), taken):
-                return None
+        taken = self._taken(runs)
+        if any(not np.array_equal(taken[pos], was) for pos, was in template.taken.items()):
+            return None
         reads = self._moved_reads(template, runs, ops)
         if reads is None:
             return None
         consts, stacked, init = self._fetch(reads, template.fetches, trips)
         for key, zeros in old.carry_init.items():
             init.setdefault(key, zeros)  # the carries no stored point starts
-        made = {op_id: Made(m.rows, tuples(runs[self.positions[op_id]][1], len(m.rows)), m.freed)
+        made = {op_id: Made(m.rows, runs[self.positions[op_id]][1], m.freed)
                 for op_id, m in old.made.items()}
         return Plan(old.slots, old.carries, old.exported, old.finals, consts, stacked, old.branches,
                     init, trips, old.runs, made, self._later(instances, template.outside))
