@@ -123,7 +123,7 @@ def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
     """An innermost ``range`` loop whose statements are device ops with static shapes and
     point-independent params that read points (not slices), merges, point ops and frees,
     each op executed at one place in the body (a scan), or only point ops and frees (run
-    batched on the host)."""
+    batched on the host: the values of point ops, all at once; frees, one call per store)."""
     if ast.range_stop(loop) is None:
         return False
     body = [node for node, _ in ast.guarded_items(loop.body)]
@@ -132,7 +132,7 @@ def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
     ops = [statements[s.name].op for s in body if statements[s.name].kind == "exec"]
     execs = [op for op in ops if not point_op(op)]
     if not execs:
-        return bool(ops)
+        return bool(body)
     once = len({op.id for op in execs}) == len(execs)  # not unrolled (S4(c, 0); S4(c, 1))
     return once and any(op.kind != "merge" for op in execs) and all(
         _device_op(op, graph, bounds) and not any(e.slices for e in graph.in_edges(op)) for op in execs)
@@ -241,10 +241,13 @@ class LoopLauncher:
         for name, st, iterations, coords in self.planner.instances(outer, steps):
             points = tuples(coords, len(iterations))
             if st.kind == "free":
-                for point in points:
-                    self.namespace[name](point)
+                self._free(st.op, points)
             elif points:
                 self.batched[name](coords, points)
+
+    def _free(self, op: Op, points: list[tuple]) -> None:
+        for k in range(len(op.outputs)):
+            self.stores[(op.id, k)].free_many(points)
 
     def _run_lowered(self, plan: Plan) -> None:
         fn = self.traced.get(plan.signature)
@@ -267,15 +270,12 @@ class LoopLauncher:
             made = plan.made[key[0]]
             if key in self.planner.blocks:  # every row, then the frees: a block is released when
                 self.stores[key].write_rows(made.points, values, made.rows)  # all its rows
-                for point, freed in zip(made.points, made.freed):  # were written and freed
-                    if freed:
-                        self.stores[key].free(point)
+                self.stores[key].free_many([p for p, freed in zip(made.points, made.freed) if freed])
             else:
                 rows, points = made.kept
                 self.stores[key].write_rows(points, values, rows)
-        for op, point in plan.frees:
-            for k in range(len(op.outputs)):
-                self.stores[(op.id, k)].free(point)
+        for op, points in plan.frees:
+            self._free(op, points)
 
     def _scan(self, plan: Plan) -> Callable:
         """The loop as a function of the plan's values, for ``jax.jit``."""

@@ -87,7 +87,7 @@ class Plan:
     trips: int
     runs: tuple[bool, ...]                     # per exec of the body: whether it runs in this entry
     made: dict[int, Made]                     # op id -> the points it makes
-    frees: list[tuple[Op, tuple]]              # frees of points made before the loop
+    frees: list[tuple[Op, list[tuple]]]        # frees of points made before the loop
 
     @property
     def signature(self) -> tuple:
@@ -445,10 +445,10 @@ class LoopPlanner:
                   for op_id, (pos, _, _) in made.items()}
         return points, outside
 
-    def _later(self, instances: Instances, outside: dict[int, np.ndarray]) -> list[tuple[Op, tuple]]:
-        """The frees of points made before the loop, done after it."""
-        return [(self.items[n][1].op, point) for n, mask in outside.items()
-                for point in tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum()))]
+    def _later(self, instances: Instances, outside: dict[int, np.ndarray]) -> list[tuple[Op, list[tuple]]]:
+        """The frees of points made before the loop, done after it: per free, its points."""
+        return [(self.items[n][1].op, tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum())))
+                for n, mask in outside.items() if mask.any()]
 
     def _stack(self, values: list[Any]) -> Any:
         """Per-iteration values as one array; iterations that do not read it get zeros."""

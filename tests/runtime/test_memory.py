@@ -278,3 +278,38 @@ def test_a_value_another_store_holds_is_not_donated(passes):
 def test_a_negative_donation_threshold_is_rejected():
     with pytest.raises(ValueError, match="donate_min_bytes"):
         tp.MemoryPolicy(donate_min_bytes=-1)
+
+
+@pytest.mark.parametrize("kind", ["point", "block"])
+def test_freeing_many_points_is_freeing_each(kind):
+    """A loop's frees, batched (``free_many``), leave a store as one free per point
+    does: the same values and rows held, live points and bytes; a block's buffer is
+    released once all its rows were written and freed."""
+    from tempo.runtime.backends import NumpyBackend
+    from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
+
+    def filled() -> tuple:
+        stats = MemoryStats()
+        if kind == "point":
+            store = PointStore(NumpyBackend(), stats, lambda sizes: np.zeros(sizes))
+            store.write_rows([(0, k) for k in range(4)], np.arange(8.0).reshape(4, 2), list(range(4)))
+            store.write((1, 0), np.ones(2))
+        else:
+            store = BlockStore(stats, 4, (2,), "float64")
+            store.write_rows([(0, k) for k in range(4)], np.arange(8.0).reshape(4, 2), list(range(4)))
+            store.write((1, 0), np.ones(2))
+        return store, stats
+
+    points = [(0, 0), (0, 2), (0, 1), (0, 3), (1, 0), (2, 5)]  # (2, 5) was never written
+    one, one_stats = filled()
+    for point in points:
+        one.free(point)
+    many, many_stats = filled()
+    many.free_many(points)
+    assert many_stats == one_stats
+    assert many_stats.live == 0
+    if kind == "point":
+        assert not many.data and not many.data.rows
+    else:
+        assert list(many.blocks) == list(one.blocks) == [(1,)]  # (1,): one of 4 rows written
+        assert many_stats.host.now == one_stats.host.now == 4 * 2 * 8
