@@ -87,7 +87,7 @@ class LoopChoice:
         def ms(x: float | None) -> str:
             return "-" if x is None else f"{x * 1e3:.3f} ms"
         if self.form == "batched":
-            return f"{self.name} [{', '.join(self.statements)}]: batched (point ops on the host)"
+            return f"{self.name} [{', '.join(self.statements)}]: batched on the host (point ops and frees)"
         why = f" (interpreted: {self.fallbacks[0]})" if self.fallbacks else ""
         return (f"{self.name} [{', '.join(self.statements)}]: {self.form or 'undecided'}; per iteration "
                 f"interpreted {ms(self.interpreted)}, lowered {ms(self.lowered)} "

@@ -29,7 +29,7 @@ def _program():
 @pytest.mark.parametrize("backend", ["numpy", "jax"])
 def test_profile_counts_every_executed_statement(backend):
     ctx, bounds, out = _program()
-    exe = ctx.compile(bounds, [out], backend=backend)
+    exe = ctx.compile(bounds, [out], backend=backend, loops=tp.LoopPolicy("interpreted"))
     profile = RunProfile()
     profiled = exe.run(profile=profile)[out]
     np.testing.assert_array_equal(profiled, exe.run()[out])
@@ -39,3 +39,22 @@ def test_profile_counts_every_executed_statement(backend):
     table = profile.table()
     assert all(name in table for _, name in expected)
     assert len(profile.table(top=2).splitlines()) == 4  # header, two ops, total
+
+
+def test_loops_run_whole_are_one_row_and_the_rest_is_counted():
+    """A loop run as one scan or batched on the host (here the frees of ``y``, batched)
+    is timed whole, as ``("loop", name)``; every statement outside such loops is still
+    counted once per execution."""
+    ctx, bounds, out = _program()
+    exe = ctx.compile(bounds, [out], backend="jax")
+    profile = RunProfile()
+    np.testing.assert_array_equal(exe.run(profile=profile)[out], exe.run()[out])
+    whole = [name for name, c in exe.loop_choices.items() if c.form in ("lowered", "batched")]
+    assert whole, [str(c) for c in exe.loop_choices.values()]
+    assert all(profile.ops[("loop", name)].calls >= 1 for name in whole)
+    inside = {(st.kind, st.op.name) for name in whole
+              for st in map(exe.schedule.statements.get, exe.loop_choices[name].statements)}
+    expected = Counter((kind, op.name) for kind, op, _ in exe.execution_order()
+                       if (kind, op.name) not in inside)
+    assert {key: t.calls for key, t in profile.ops.items()
+            if t.calls and key[0] != "loop" and key not in inside} == dict(expected)
