@@ -268,9 +268,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="all", choices=[*ENV_IMPLS, "all"])
     p.add_argument("--iterations", type=int, default=None,
                    help=f"measured iterations per cell (default per config: {DEFAULT_ITERATIONS})")
-    p.add_argument("--warmup", type=int, default=4,
-                   help="warm-up iterations before them (default 4: Tempo's JAX backend runs two "
-                        "iterations with its loops interpreted and two lowered before it keeps a form)")
+    p.add_argument("--warmup", type=int, default=6,
+                   help="warm-up iterations before them (default 6: Tempo's JAX backend runs three "
+                        "iterations with its loops interpreted and three lowered before it keeps a form)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of " + ", ".join(SYSTEMS))
     p.add_argument("--ablation", default="default", choices=["default", "all", "none"],
                    help="where to run the pass ablation: default: the synthetic env at the first "

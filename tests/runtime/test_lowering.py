@@ -10,20 +10,21 @@ import tempo as tp
 from tempo.reference import evaluate
 
 
-def _recurrences():
-    """Over (i, t): a recurrence over t restarted every i, a two-branch placeholder and a
-    symbol read, so the t loop has a carry, merges and a point op."""
+def _recurrences(entries: int = 4):
+    """Over (i, t): a recurrence over t restarted every i (``entries`` of them), a
+    two-branch placeholder and a symbol read, so the t loop has a carry, merges and a
+    point op."""
     ctx = tp.Context(dims=("i", "t"))
     (i, t), (I, T) = ctx.dims, ctx.bounds
     with ctx:
-        x = tp.const(np.linspace(-1, 1, 80, dtype=np.float32).reshape(4, 20))[i, t]
+        x = tp.const(np.linspace(-1, 1, entries * 20, dtype=np.float32).reshape(entries, 20))[i, t]
         s = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
         s[i, 0] = x[i, 0]
         s[i, t + 1] = (s * 0.5 + x[i, t + 1]).tanh()
         c = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
         c[t % 3 == 0] = s * 2.0
         c[True] = s + tp.symbol_value(t).astype("float32")
-    return ctx, {I: 4, T: 20}, [s, c]
+    return ctx, {I: entries, T: 20}, [s, c]
 
 
 def _check(exe, ctx, bounds, outputs):
@@ -53,17 +54,23 @@ def test_translated_entries_reuse_the_plan():
 
 
 def test_timed_policy_measures_both_forms_then_keeps_one():
-    ctx, bounds, outputs = _recurrences()
+    ctx, bounds, outputs = _recurrences(entries=8)
     exe = ctx.compile(bounds, outputs, backend="jax")  # timed is the default
     assert exe.loops.mode == "timed"
     _check(exe, ctx, bounds, outputs)
-    # The t loop is entered once per i (4 times): two entries per form, the second timed.
+    # The t loop is entered once per i (8 times): three entries per form, the last two
+    # timed, then the chosen form.
     timed = [c for c in exe.loop_choices.values() if c.interpreted is not None and c.lowered is not None]
     assert timed, [str(c) for c in exe.loop_choices.values()]
     for choice in timed:
         faster = choice.lowered < (1 - exe.loops.margin) * choice.interpreted
         assert choice.form == ("lowered" if faster else "interpreted")
         assert "per iteration" in str(choice)
+    ctx, bounds, outputs = _recurrences(entries=5)  # the second lowered timing is missing
+    exe = ctx.compile(bounds, outputs, backend="jax")
+    _check(exe, ctx, bounds, outputs)
+    timed = [c for c in exe.loop_choices.values() if c.interpreted is not None]
+    assert timed and all(c.lowered is not None and c.form is None for c in timed)
 
 
 def test_interpreted_policy_and_numpy_backend_lower_nothing():
