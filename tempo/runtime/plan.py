@@ -228,9 +228,11 @@ class LoopPlanner:
         """Per input of each exec: the coefficients of its index over the op's dims, when affine."""
         self.conds = {op.id: compile_vectorized([e.cond for e in edges], op.domain, bounds)
                       for op, edges in self.execs if op.kind == "merge"}
-        self.choices = {pos: (self.items[self.exec_items[pos]][2], tuple(repr(e.cond) for e in edges))
+        self.choices = {pos: (self.items[self.exec_items[pos]][2], repr(op.domain),
+                              tuple(repr(e.cond) for e in edges))
                         for pos, (op, edges) in enumerate(self.execs) if op.kind == "merge"}
-        """Per merge: its index group and conditions (merges alike take the same branches)."""
+        """Per merge: its index group, dims and conditions (merges alike take the same
+        branches)."""
         self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
         """Outputs kept in block stores (host buffers): written back whole."""
         self.templates: list[_Template] = []
