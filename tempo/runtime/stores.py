@@ -268,8 +268,15 @@ class BlockStore:
         return block
 
     def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
-        """None: rows are read from the buffers (see ``PointStore.stacked``)."""
-        return None
+        """The rows at ``points`` as one array (one copy) when they are rows of one buffer,
+        else None (see ``PointStore.stacked``)."""
+        if not points:
+            return None
+        prefix = points[0][:-1]
+        block = self.blocks.get(prefix)
+        if block is None or any(point[:-1] != prefix for point in points):
+            return None
+        return block[np.fromiter((point[-1] for point in points), np.int64, len(points))]
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         return self.read if slices else self.read_point

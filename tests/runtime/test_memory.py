@@ -313,3 +313,22 @@ def test_freeing_many_points_is_freeing_each(kind):
     else:
         assert list(many.blocks) == list(one.blocks) == [(1,)]  # (1,): one of 4 rows written
         assert many_stats.host.now == one_stats.host.now == 4 * 2 * 8
+
+
+def test_a_block_stores_rows_stack_as_one_copy():
+    """A lowered loop reading one value per iteration from a block store takes the rows
+    of one buffer at once, as reading each point and stacking would; points of two
+    buffers are not one array."""
+    from tempo.runtime.stores import BlockStore, MemoryStats
+
+    store = BlockStore(MemoryStats(), 5, (2,), "float32")
+    store.write_rows([(0, k) for k in range(5)], np.arange(10, dtype=np.float32).reshape(5, 2),
+                     list(range(5)))
+    store.write((1, 0), np.ones(2, np.float32))
+    points = [(0, 4), (0, 1), (0, 1), (0, 3)]
+    rows = store.stacked(points)
+    np.testing.assert_array_equal(rows, np.stack([store.read_point(p) for p in points]))
+    rows[0] = -1  # a copy: the buffer is unchanged
+    np.testing.assert_array_equal(store.read_point((0, 4)), [8, 9])
+    assert store.stacked([(0, 0), (1, 0)]) is None
+    assert store.stacked([(2, 0)]) is None and store.stacked([]) is None
