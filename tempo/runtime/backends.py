@@ -151,11 +151,14 @@ class JaxBackend:
         return self.jnp.zeros(shape, dtype)
 
     def take(self, values: Any, rows: Any) -> Any:
-        """``values[rows]``: one row (an int) or several (an index array)."""
-        return self._take(values, rows)
+        """``values[rows]``: one row (an int) or several (an index array). Host arrays (a
+        point op's batched values) are indexed in place, not moved to the device whole."""
+        return values[rows] if isinstance(values, np.ndarray) else self._take(values, rows)
 
     def rows(self, values: Any, start: int, count: int) -> Any:
         """``values[start:start + count]``."""
+        if isinstance(values, np.ndarray):
+            return values[start:start + count]
         return self._rows(values, start, count)
 
 

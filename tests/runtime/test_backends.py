@@ -34,3 +34,19 @@ def test_unknown_backend_is_named():
     ctx, T, a = _float64_program()
     with pytest.raises(tp.TempoError, match="unknown backend 'torch'"):
         ctx.compile({T: 3}, [a], backend="torch")
+
+
+@pytest.mark.parametrize("name", ["numpy", "jax"])
+def test_rows_of_stacked_values_are_taken_where_the_values_are(name):
+    """``take`` and ``rows`` index like NumPy; on JAX, device arrays through jitted
+    functions, host arrays (a point op's batched values) in place, not moved whole."""
+    from tempo.runtime.backends import make_backend
+
+    backend = make_backend(name)
+    host = np.arange(24, dtype=np.float32).reshape(6, 4)
+    for values in (host, backend.from_host(host)):
+        np.testing.assert_array_equal(np.asarray(backend.take(values, 2)), host[2])
+        np.testing.assert_array_equal(np.asarray(backend.take(values, np.array([5, 0, 5]))), host[[5, 0, 5]])
+        np.testing.assert_array_equal(np.asarray(backend.rows(values, 1, 3)), host[1:4])
+    assert isinstance(backend.take(host, 2), np.ndarray)
+    assert isinstance(backend.rows(host, 1, 3), np.ndarray)
