@@ -27,6 +27,8 @@ class MetricLogger:
                  wandb_cfg: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
                  progress: bool = True, start_iteration: int = 0):
         from tensorboardX import FileWriter
+        from tensorboardX.proto.summary_pb2 import Summary
+        self._summary = Summary
         self.env, self.iterations = env, iterations
         self.steps_per_iteration = steps_per_iteration
         self.writer = FileWriter(str(out_dir / "tensorboard"), flush_secs=5)
@@ -80,8 +82,8 @@ class MetricLogger:
     def _scalars(self, row: dict[str, float], step: int) -> None:
         """The iteration's scalars as one TensorBoard event (an event per scalar costs
         ~70 us each, queued to the writer's thread)."""
-        from tensorboardX.proto.summary_pb2 import Summary
-        self.writer.add_summary(Summary(value=[Summary.Value(tag=name, simple_value=value)
+        summary = self._summary
+        self.writer.add_summary(summary(value=[summary.Value(tag=name, simple_value=value)
                                                for name, value in row.items()]), step)
 
     def close(self) -> None:

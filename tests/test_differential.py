@@ -494,7 +494,7 @@ def test_reused_plans_are_the_plans_made_anew(monkeypatch):
         if self.reused == reused:
             return got
         groups = self._groups(outer, steps)
-        made = self._plan(groups, [groups[g] for _, _, g in self.items], len(steps)).plan
+        made = self._plan(groups, self._per_statement(groups), len(steps)).plan
         assert got.signature == made.signature
         for a, b in [*zip(got.consts, made.consts), *zip(got.stacked, made.stacked),
                      *zip(got.branches, made.branches)]:

@@ -243,9 +243,8 @@ class LoopPlanner:
                                                                                 np.ndarray, tuple]]:
         """Per statement of the body: the iterations (numbered from 0) it runs at in this
         entry and its points there, as coordinate arrays."""
-        groups = self._groups(outer, steps)
-        for name, st, group in self.items:
-            yield name, st, *groups[group]
+        for (name, st, _), instance in zip(self.items, self._per_statement(self._groups(outer, steps))):
+            yield name, st, *instance
 
     def _groups(self, outer: tuple[int, ...], steps: range) -> Instances:
         """Per index group: the iterations its statements run at, and their points."""
@@ -258,6 +257,10 @@ class LoopPlanner:
             groups.append((iterations, index(*outer, loop_values[iterations])))
         return groups
 
+    def _per_statement(self, groups: Instances) -> Instances:
+        """Each statement's instances, from its index group's."""
+        return [groups[group] for _, _, group in self.items]
+
     def plan(self, outer: tuple[int, ...], steps: range) -> Plan:
         """Every read of every iteration of this entry, resolved to the iteration that
         makes it or to a store; raises ``Unlowerable`` where a scan cannot express it.
@@ -265,7 +268,7 @@ class LoopPlanner:
         else made anew (and kept as a template)."""
         trips = len(steps)
         groups = self._groups(outer, steps)
-        instances = [groups[group] for _, _, group in self.items]
+        instances = self._per_statement(groups)
         for (name, st, _), (iterations, coords) in zip(self.items, instances):
             if st.kind == "exec" and point_op(st.op) and len(iterations):
                 self.batched[name](coords, tuples(coords, len(iterations)))

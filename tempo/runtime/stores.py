@@ -167,18 +167,9 @@ class PointStore:
 
     def free_many(self, points: list[tuple[int, ...]]) -> None:
         """``free`` at each of ``points`` (a loop's frees, batched)."""
-        data, rows, count = self.data, self.data.rows, 0
-        fixed = self.point_bytes
+        free = self.free
         for point in points:
-            value = data.pop(point, None)
-            if value is not None:
-                count += 1
-                self.bytes.now -= fixed if fixed is not None else value.nbytes
-            elif point in rows:
-                values, _ = rows.pop(point)
-                count += 1
-                self.bytes.now -= self._row_bytes(values)
-        self.stats.live -= count
+            free(point)
 
     def _row_bytes(self, values: Any) -> int:
         """Bytes of one point held as a row of the stacked array ``values``."""
