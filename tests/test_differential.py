@@ -488,16 +488,16 @@ def test_reused_plans_are_the_plans_made_anew(monkeypatch):
     from tempo.runtime.plan import LoopPlanner
     plan, compared = LoopPlanner.plan, []
 
-    def checked(self: LoopPlanner, outer: tuple, steps: range):
+    def checked(self: LoopPlanner, outer: tuple, space):
         reused = self.reused
-        got = plan(self, outer, steps)
+        got = plan(self, outer, space)
         if self.reused == reused:
             return got
-        groups = self._groups(outer, steps)
-        made = self._plan(groups, self._per_statement(groups), len(steps)).plan
+        groups = self._groups(outer, space)
+        made = self._plan(groups, self._per_statement(groups), space.trips).plan
         assert got.signature == made.signature
         for a, b in [*zip(got.consts, made.consts), *zip(got.stacked, made.stacked),
-                     *zip(got.branches, made.branches)]:
+                     *zip(got.branches, made.branches), *zip(got.active, made.active)]:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert (len(got.consts), len(got.stacked)) == (len(made.consts), len(made.stacked))
         assert got.carry_init.keys() == made.carry_init.keys()

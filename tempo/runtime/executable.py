@@ -24,7 +24,8 @@ from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_parallel, check_placeholders, resolve_bounds
 from tempo.passes import PIPELINE, PassState, run_pipeline
 from tempo.runtime.backends import make_backend
-from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, lower_loops, statement_names
+from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, Lowerable, lower_loops
+from tempo.runtime.nest import statement_names
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
@@ -94,15 +95,16 @@ class Executable:
         self.loops = loops or LoopPolicy()
         root = ast.substitute(schedule.root, bounds)
         self._interpreted = _compile_source(_program_source(root, schedule.statements))
-        self._lowered: dict[str, tuple[ast.Loop, tuple[Symbol, ...]]] = {}
+        self._lowered: dict[str, Lowerable] = {}
         if backend.name == "jax" and self.loops.mode != "interpreted":
-            root, self._lowered = lower_loops(root, schedule.statements, graph, bounds)
-        self.loop_choices = {name: LoopChoice(name, statement_names(loop))
-                             for name, (loop, _) in self._lowered.items()}
+            root, self._lowered = lower_loops(root, schedule.statements, graph, bounds, self.loops.nests)
+        self.loop_choices = {name: LoopChoice(name, statement_names(lowerable.loop))
+                             for name, lowerable in self._lowered.items()}
         """Per lowerable loop: its statements, the timings and the form the runs chose
         (``tempo.runtime.lowering``)."""
-        self._scans: dict[str, dict] = {name: {} for name in self._lowered}
-        """Each lowerable loop's compiled scans (by plan signature), kept across runs."""
+        self._launchers: dict[str, LoopLauncher] = {}
+        """Each lowerable loop's launcher, made at the first run and kept across runs (its
+        compiled scans, plan templates and timings with it)."""
         self.source = _program_source(root, [*schedule.statements, *self._lowered])
         self._program = _compile_source(self.source) if self._lowered else self._interpreted
 
@@ -127,10 +129,13 @@ class Executable:
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
         batched = _batched_point_ops(self.schedule, stores, self.bounds, shift) if self._lowered else {}
-        for name, (loop, outer) in self._lowered.items():
-            launch = LoopLauncher(loop, outer, self.schedule.statements, self.graph, stores,
-                                  self.bounds, self.backend, namespace, batched, self.loops,
-                                  self.loop_choices[name], self._scans[name])
+        for name, lowerable in self._lowered.items():
+            launch = self._launchers.get(name)
+            if launch is None:
+                launch = self._launchers[name] = LoopLauncher(
+                    lowerable, self.schedule.statements, self.graph, self.bounds, self.backend,
+                    self.loops, self.loop_choices[name])
+            launch.bind(stores, namespace, batched)
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
         self._program(namespace)
         return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
@@ -154,12 +159,18 @@ class Executable:
                    if d in rt.domain and d not in domain]
         kept = [rt.domain.index(d) for d in domain]
 
+        points = list(itertools.product(*(range(n) for n in sizes)))
+        whole = store.stacked([tuple(p[k] for k in kept) for p in points]) if not stacked and points else None
+        if whole is not None:  # rows of one array (a lowered loop's output): one gather
+            whole = self.backend.to_host(whole)
+            return whole.reshape((*sizes, *whole.shape[1:]))
+
         def at(p: tuple[int, ...]) -> np.ndarray:
             value = store.read(tuple(p[k] for k in kept))
             for k in stacked:
                 value = value[p[k]]
             return self.backend.to_host(value)
-        values = [at(p) for p in itertools.product(*(range(n) for n in sizes))]
+        values = [at(p) for p in points]
         return np.stack(values).reshape((*sizes, *values[0].shape))
 
 

@@ -1,12 +1,15 @@
-"""Loop lowering: an innermost loop of device ops runs as one ``lax.scan``.
+"""Loop lowering: a loop or loop nest of device ops runs as one ``lax.scan``.
 
 The executor interprets the schedule one statement instance at a time: per step of an
 acting loop, a few launches, each reading and writing tensor stores from Python. Where a
-loop's body holds only device ops with static shapes (and merges between them, and
-frees), the whole loop can instead run as a single XLA loop: values the body produces and
-reads in the same iteration flow directly, values read one iteration later are the scan's
-carry, values produced before the loop come in as constants or as per-iteration inputs,
-and the values read after the loop come out stacked and are written to their stores.
+loop's bodies hold only device ops with static shapes (and merges between them, point
+ops and frees), the whole loop can instead run as a single XLA loop: values the body
+produces and reads in the same iteration flow directly, values read at later iterations
+are the scan's carry, values produced before the loop come in as constants or as
+per-iteration inputs, and the values read after the loop come out stacked and are
+written to their stores. A nest is flattened into one sequence of iterations
+(``tempo.runtime.nest``), so ``for i: for t:`` is one scan over the points ``(i, t)``;
+its interpreted form runs its inner loops as their own lowerable loops.
 
 Each entry's plan (``tempo.runtime.plan``) is made from its concrete points (the outer
 loop counters are known then), for all iterations at once (indices, guards and dependences
@@ -15,15 +18,16 @@ to a store when no iteration did, so a lowered loop reads exactly what the inter
 one would. Point ops (``symbol_value``, the coordinates random draws are keyed by) run on
 the host while the plan is made, batched (``OpDef.batched``); the scan reads their
 values. A loop of point ops alone (and frees) runs batched that way, with no scan. Where
-reads do not fit (slices of values made in the loop, reads more than one iteration back)
-or the scan does not compile, the loop is interpreted from then on (in the executable's
+reads do not fit (slices of values made in the loop, older values than the latest) or
+the scan does not compile, the loop is interpreted from then on (in the executable's
 later runs too), and ``LoopChoice.fallbacks`` says why.
 
 ``LoopPolicy.mode`` chooses per loop: ``"timed"`` (the default) interprets the first three
 entries and runs the next three lowered, timing the last two of each (the first ones
 compile kernels, the scan and the stacking of its inputs; the faster of two timings
-counts, so that one disturbed entry does not decide), and keeps the faster form for the
-rest of the run;
+counts, so that one disturbed entry does not decide), and keeps the faster form from then
+on (entries of later runs of the executable count too: a nest entered once per run is
+timed over its first six runs);
 ``"lowered"`` and ``"interpreted"`` force a form. Both forms run the same kernels, but
 XLA may fuse them differently inside a scan, so results can differ in the last bits
 between the forms (PPO on gymnax CartPole: losses equal to 1e-7). ``timed`` lowers a loop
@@ -40,10 +44,11 @@ from typing import Any
 
 from tempo.ir.graph import SDG, Op, has_static_shapes
 from tempo.ir.ops import param_symbols, resolve_params
+from tempo.runtime import nest
 from tempo.runtime.plan import LoopPlanner, Plan, Slot, Unlowerable, point_op, tuples
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
-from tempo.symbolic.expr import Symbol, compile_function
+from tempo.symbolic.expr import Symbol
 
 MODES = ("timed", "lowered", "interpreted")
 WARM_ENTRIES = 1
@@ -54,7 +59,7 @@ TIMED_ENTRIES = 2
 
 @dataclass(frozen=True)
 class LoopPolicy:
-    """How innermost loops of device ops run on the JAX backend."""
+    """How loops and loop nests of device ops run on the JAX backend."""
 
     mode: str = "timed"
     """``timed``: time both forms on the loop's first six entries (three each, the first of
@@ -62,6 +67,10 @@ class LoopPolicy:
     ``lowered``: always one ``lax.scan`` where the loop allows it; ``interpreted``: never."""
     min_trips: int = 4
     """Entries with fewer iterations than this are interpreted (a scan would not pay)."""
+    nests: bool = True
+    """Lower a whole loop nest (flattened into one scan, ``tempo.runtime.nest``) where its
+    loops allow it; its interpreted form still runs its inner loop in that loop's own
+    form. False: innermost loops only."""
     margin: float = 0.1
     """``timed`` keeps the lowered form only when it is at least this much faster (a
     share of the interpreted time): close calls, which timing noise could decide either
@@ -100,11 +109,24 @@ class LoopChoice:
 
 
 # ---- finding the loops -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Lowerable:
+    """A loop (or loop nest) that statement ``L<k>`` runs at its ``outer`` counters, and
+    its interpreted form: the loop with the lowerable loops inside it (a nest's inner
+    loop) replaced by their own statements."""
+
+    loop: ast.Loop
+    outer: tuple[Symbol, ...]
+    interpreted: ast.Loop
+
+
 def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
-                bounds: dict[Symbol, int]) -> tuple[ast.Node, dict[str, tuple[ast.Loop, tuple[Symbol, ...]]]]:
-    """``root`` with each lowerable innermost loop replaced by a statement ``L<k>`` at its
-    outer loop counters, and what each such statement stands for: ``(loop, outer vars)``."""
-    found: dict[str, tuple[ast.Loop, tuple[Symbol, ...]]] = {}
+                bounds: dict[Symbol, int], nests: bool = True) -> tuple[ast.Node, dict[str, Lowerable]]:
+    """``root`` with each outermost lowerable loop or loop nest replaced by a statement
+    ``L<k>`` at its outer loop counters, and what each such statement stands for. Inside a
+    lowerable nest, the lowerable loops are found the same way, for its interpreted form:
+    a nest that runs interpreted still runs its inner loop in the form that loop chose."""
+    found: dict[str, Lowerable] = {}
 
     def visit(node: ast.Node, outer: tuple[Symbol, ...]) -> ast.Node:
         if isinstance(node, ast.Seq):
@@ -113,27 +135,27 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
             orelse = visit(node.orelse, outer) if node.orelse is not None else None
             return ast.If(node.cond, visit(node.then, outer), orelse)
         if isinstance(node, ast.Loop):
-            if _lowerable(node, statements, graph, bounds):
-                name = f"L{len(found)}"
-                found[name] = (node, outer)
-                return ast.Stmt(name, outer)
-            return ast.Loop(node.var, node.start, node.cond, node.step,
-                            visit(node.body, (*outer, node.var)))
+            inner = ast.Loop(node.var, node.start, node.cond, node.step,
+                             visit(node.body, (*outer, node.var)))
+            if not _lowerable(node, statements, graph, bounds, nests):
+                return inner
+            name = f"L{len(found)}"
+            found[name] = Lowerable(node, outer, inner)
+            return ast.Stmt(name, outer)
         return node
     return visit(root, ()), found
 
 
 def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
-               bounds: dict[Symbol, int]) -> bool:
-    """An innermost ``range`` loop whose statements are device ops with static shapes and
-    point-independent params that read points (not slices), merges, point ops and frees,
-    each op executed at one place in the body (a scan), or only point ops and frees (run
-    batched on the host: the values of point ops, all at once; frees, one call per store)."""
-    if ast.range_stop(loop) is None:
+               bounds: dict[Symbol, int], nests: bool) -> bool:
+    """A ``range`` loop, or a nest of them (``tempo.runtime.nest``), whose statements
+    are device ops with static shapes and point-independent params that read points (not
+    slices), merges, point ops and frees, each op executed at one place in the bodies (a
+    scan), or only point ops and frees (run batched on the host: the values of point ops,
+    all at once; frees, one call per store)."""
+    if not nest.is_nest(loop) or (nest.depth(loop) > 1 and not nests):
         return False
-    body = [node for node, _ in ast.guarded_items(loop.body)]
-    if any(isinstance(node, ast.Loop) for node in body):
-        return False
+    body = [item.stmt for item in nest.levels_and_items(nest.unpeeled(loop))[1]]
     ops = [statements[s.name].op for s in body if statements[s.name].kind == "exec"]
     execs = [op for op in ops if not point_op(op)]
     if not execs:
@@ -151,42 +173,43 @@ def _device_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
             and has_static_shapes(op, graph.in_edges(op), set(bounds)))
 
 
-def statement_names(loop: ast.Loop) -> list[str]:
-    """The statements of a lowerable loop's body."""
-    return sorted(node.name for node, _ in ast.guarded_items(loop.body))
-
-
 # ---- running a loop ----------------------------------------------------------------------
 class LoopLauncher:
     """Runs one lowerable loop (statement ``L<k>``) at its outer counters, in the form its
-    policy chooses; ``namespace`` holds the statements the interpreted form calls."""
+    policy chooses. Made once per executable: its compiled scans, plan templates and
+    timings serve every run; ``bind`` gives it a run's stores and statements."""
 
-    def __init__(self, loop: ast.Loop, outer: tuple[Symbol, ...], statements: dict[str, Statement],
-                 graph: SDG, stores: dict, bounds: dict[Symbol, int], backend: Any,
-                 namespace: dict[str, Callable], batched: dict[str, Callable], policy: LoopPolicy,
-                 choice: LoopChoice, traced: dict[tuple, Callable]):
-        self.loop, self.stores, self.bounds, self.backend = loop, stores, bounds, backend
-        self.namespace, self.batched, self.policy, self.choice = namespace, batched, policy, choice
-        self.range = compile_function([loop.start, ast.range_stop(loop)], outer)
-        self.planner = LoopPlanner(loop, outer, statements, graph, stores, bounds, backend, batched)
+    def __init__(self, lowerable: Lowerable, statements: dict[str, Statement], graph: SDG,
+                 bounds: dict[Symbol, int], backend: Any, policy: LoopPolicy, choice: LoopChoice):
+        loop, outer = lowerable.loop, lowerable.outer
+        self.bounds, self.backend, self.policy, self.choice = bounds, backend, policy, choice
+        self.planner = LoopPlanner(loop, outer, statements, graph, bounds, backend)
         self.execs = self.planner.execs
-        self.interpret = _interpreter(loop, [v.name for v in outer])
-        self.traced = traced
-        """Compiled scans by plan signature, shared by the executable's runs."""
+        self.interpret = _interpreter(lowerable.interpreted, [v.name for v in outer])
+        self.traced: dict[tuple, Callable] = {}
+        """Compiled scans by plan signature."""
         self.timings = 0
         self.last_form = ""
+        self.stores: dict = {}
+        self.namespace: dict[str, Callable] = {}
         self.wait_for_outputs = False
-        """Set by the profiler: a lowered entry returns once its outputs are computed."""
         self._compiling = 0.0
 
+    def bind(self, stores: dict, namespace: dict[str, Callable], batched: dict[str, Callable]) -> None:
+        """Run with a run's ``stores``, its statements (``namespace``: what the interpreted
+        form calls) and its batched point ops."""
+        self.stores, self.namespace = stores, namespace
+        self.planner.bind(stores, batched)
+        self.wait_for_outputs = False
+        """Set by the profiler: a lowered entry returns once its outputs are computed."""
+
     def __call__(self, outer: tuple[int, ...]) -> None:
-        start, stop = self.range(*outer)
-        steps = range(start, stop, self.loop.step)
+        space = self.planner.space(outer)
         if not self.execs:  # point ops and frees only: always cheaper batched
             self.choice.form = self.last_form = "batched"
-            self._run_batched(outer, steps)
+            self._run_batched(outer, space)
             return
-        form, timed = self._form(len(steps))
+        form, timed = self._form(space.trips)
         self._compiling = 0.0
         if timed:  # charge neither form with device work dispatched before the loop
             self._wait_for_stores()
@@ -194,7 +217,7 @@ class LoopLauncher:
         if form == "lowered":
             try:
                 reused = self.planner.reused
-                plan = self.planner.plan(outer, steps)
+                plan = self.planner.plan(outer, space)
                 self.choice.reused += self.planner.reused - reused
                 self._run_lowered(plan)
             except Unlowerable as why:
@@ -205,7 +228,7 @@ class LoopLauncher:
             self.interpret(self.namespace, *outer)
         if timed:
             self._wait_for_stores()
-            self._record(form, (time.perf_counter() - begin - self._compiling) / len(steps))
+            self._record(form, (time.perf_counter() - begin - self._compiling) / space.trips)
 
     def _form(self, trips: int) -> tuple[str, bool]:
         """The form of this entry, and whether it is timed. ``timed`` runs three entries
@@ -242,15 +265,15 @@ class LoopLauncher:
         self.backend.synchronize([[*data.values(), *(v for v, _ in data.rows.values())]
                                   for data in points])
 
-    def _run_batched(self, outer: tuple[int, ...], steps: range) -> None:
+    def _run_batched(self, outer: tuple[int, ...], space: nest.Space) -> None:
         """A loop of point ops and frees: each statement at all its points at once (a
         point is made before it is freed, so statement order is enough)."""
-        for name, st, iterations, coords in self.planner.instances(outer, steps):
+        for name, st, iterations, coords in self.planner.instances(outer, space):
             points = tuples(coords, len(iterations))
             if st.kind == "free":
                 self._free(st.op, points)
             elif points:
-                self.batched[name](coords, points)
+                self.planner.batched[name](coords, points)
 
     def _free(self, op: Op, points: list[tuple]) -> None:
         for k in range(len(op.outputs)):
@@ -258,7 +281,7 @@ class LoopLauncher:
 
     def _run_lowered(self, plan: Plan) -> None:
         fn = self.traced.get(plan.signature)
-        args = (plan.consts, plan.stacked, plan.branches, plan.carry_init)
+        args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.carry_init)
         if fn is None:
             begin = time.perf_counter()
             try:
@@ -288,15 +311,21 @@ class LoopLauncher:
         """The loop as a function of the plan's values, for ``jax.jit``."""
         jax, xp = self.backend.jax, self.backend.xp
         slots, exported, runs = plan.slots, plan.exported, plan.runs
-        carried = sorted({*plan.carries, *plan.finals})
+        carried = sorted({*plan.carries, *plan.masked, *plan.finals})
+        masked = {key: n for n, key in enumerate(plan.masked)}
         merges = [pos for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"]
         kernels = [(op, op.definition.kernel, resolve_params(op.params, self.bounds))
                    for op, _ in self.execs]
 
-        def run(consts: list, stacked: list, branches: list, init: dict) -> Any:
+        def run(consts: list, stacked: list, branches: list, active: list, init: dict) -> Any:
             def step(carry: dict, xs: tuple) -> tuple[dict, tuple]:
-                per_step, branch = xs
+                per_step, branch, runs_now = xs
                 values: dict[tuple[int, int], Any] = {}
+
+                def made(key: tuple[int, int], out: Any) -> None:
+                    """An op's output; where the op does not run, its latest value."""
+                    n = masked.get(key)
+                    values[key] = out if n is None else xp.where(runs_now[n], out, carry[key])
 
                 def value(slot: Slot) -> Any:
                     if slot.kind == "body":
@@ -314,13 +343,13 @@ class LoopLauncher:
                         out = taken[0][1]
                         for k, v in taken[1:]:
                             out = xp.where(chosen == k, v, out)
-                        values[(op.id, 0)] = out
+                        made((op.id, 0), out)
                         continue
                     outs = kernel(xp, params, *(value(s) for s in row))
                     for k, out in enumerate(outs if op.definition.multi_output else (outs,)):
-                        values[(op.id, k)] = out
+                        made((op.id, k), out)
                 return {key: values[key] for key in carried}, tuple(values[key] for key in exported)
-            return jax.lax.scan(step, init, (stacked, branches))
+            return jax.lax.scan(step, init, (stacked, branches, active), length=plan.trips)
         return run
 
 

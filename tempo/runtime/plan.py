@@ -1,25 +1,31 @@
-"""The plan of one entry into a lowered loop (``tempo.runtime.lowering``).
+"""The plan of one entry into a lowered loop or loop nest (``tempo.runtime.lowering``).
 
-At each entry the loop's outer counters are known, so every statement instance of the
-entry is concrete. The plan resolves every read of every iteration to the iteration that
-made its point (the same one: the value flows inside the scan's body; the previous one:
-the scan's carry) or to a store (a constant, or one value per iteration, stacked), picks
-each merge's branch per iteration, and decides which points the loop keeps and how they
-are written back. It is computed for all iterations at once: statement indices, guards,
-dependences and branch conditions are compiled for NumPy arrays
-(``compile_vectorized``), and a read is matched to the point it names by sorted keys.
+At each entry the outer counters are known, so every statement instance of the entry is
+concrete; a nest's iterations are flattened into one sequence (``tempo.runtime.nest``).
+The plan resolves every read of every iteration to the value the interpreted program
+would read: the latest value its op made up to this point of the iteration (the scan's
+body), the latest made before the iteration (the scan's carry), or a store (a constant,
+or one value per iteration, stacked). An op that runs at some iterations only (guarded,
+or an outer loop's statement in a flattened nest) keeps its latest value in the carry
+where a later iteration reads it: the scan's step passes the carry on where the op does
+not run. The plan also picks each merge's branch per iteration, and decides which points
+the loop keeps and how they are written back. It is computed for all iterations at once:
+statement indices, guards, dependences and branch conditions are compiled for NumPy
+arrays (``compile_vectorized``), and a read is matched to the point it names by sorted
+keys.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from tempo.ir.graph import SDG, Edge, Op
+from tempo.runtime.nest import Nest, Space
 from tempo.runtime.stores import BlockStore
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
@@ -35,11 +41,11 @@ def point_op(op: Op) -> bool:
 
 @dataclass(frozen=True)
 class Slot:
-    """Where input ``k`` of a body op comes from: ``body`` (made earlier in the same
-    iteration), ``carry`` (made in the previous one), ``const`` (a stored value, the same
-    in every iteration), ``stacked`` (a stored value per iteration) or ``unused`` (a merge
-    branch that no iteration of this entry takes, or any input of an op that does not run
-    in this entry: the scan skips such ops)."""
+    """Where input ``k`` of a body op comes from: ``body`` (the latest value made up to
+    this point of the iteration), ``carry`` (the latest made before the iteration),
+    ``const`` (a stored value, the same in every iteration), ``stacked`` (a stored value
+    per iteration) or ``unused`` (a merge branch that no iteration of this entry takes, or
+    any input of an op that does not run in this entry: the scan skips such ops)."""
 
     kind: str
     key: Any = None  # (op id, output) for body/carry; the input's number for const/stacked
@@ -76,13 +82,16 @@ class Plan:
     traced function) and the values to run it with."""
 
     slots: Slots
-    carries: tuple[tuple[int, int], ...]       # outputs read one iteration later
+    carries: tuple[tuple[int, int], ...]       # outputs read at a later iteration
+    masked: tuple[tuple[int, int], ...]        # outputs whose op runs at some iterations only
+                                               # and whose latest value the carry keeps
     exported: tuple[tuple[int, int], ...]      # outputs written to their stores afterwards, stacked
     finals: tuple[tuple[int, int], ...]        # outputs whose one kept point is the last
                                                # iteration's: written from the final carry
     consts: list[Any]
     stacked: list[Any]
     branches: list[np.ndarray]                 # per merge of the body: the branch per iteration
+    active: list[np.ndarray]                   # per masked output: whether its op runs, per iteration
     carry_init: dict[tuple[int, int], Any]
     trips: int
     runs: tuple[bool, ...]                     # per exec of the body: whether it runs in this entry
@@ -91,17 +100,19 @@ class Plan:
 
     @property
     def signature(self) -> tuple:
-        return (self.slots, self.carries, self.exported, self.finals, len(self.branches), self.trips,
-                self.runs)
+        return (self.slots, self.carries, self.masked, self.exported, self.finals, len(self.branches),
+                self.trips, self.runs)
 
 
 class Unlowerable(Exception):
     """This entry's reads do not fit a scan; the message says why."""
 
 
-STORE, BODY, CARRY = 0, 1, 2
-"""Where a read's value is, per iteration: a store, this iteration's body, the carry."""
-SOURCES = ("store", "body", "carry")
+STORED, IN_BODY, IN_CARRY = 1, 2, 4
+"""Which slots can give a read its value (bits): a stored value (its point is not made in
+the loop), the latest value made up to this point of the iteration, the latest made
+before the iteration. A stored point read before the loop makes any of its op's points
+fits the body or the carry as well: the carry's initial value."""
 
 
 def tuples(coords: tuple[np.ndarray, ...], count: int) -> list[tuple]:
@@ -140,12 +151,14 @@ class PointIndex:
 
 @dataclass
 class Reads:
-    """The reads of one input of one body op in an entry: iterations, points, sources."""
+    """The reads of one input of one body op in an entry: iterations, points, the
+    iteration that made each (-1: none did) and the slots that fit each (bits)."""
 
     edge: Edge
     iterations: np.ndarray
     coords: tuple[np.ndarray, ...]
-    sources: np.ndarray
+    made_at: np.ndarray
+    fits: np.ndarray
 
     def points(self) -> list[tuple]:
         return tuples(self.coords, len(self.iterations))
@@ -179,12 +192,13 @@ class _Template:
     taken: dict[int, np.ndarray]          # per merge (exec position): the branch of each point
     fetches: list[Fetch]
     outside: dict[int, np.ndarray]        # per free (item position): its points made before the loop
-    plan: Plan
+    zeros: dict[tuple[int, int], Any]     # initial carries no stored point gives
+    plan: Plan                            # its stored values dropped once planned (``plan``)
 
 
 class LoopPlanner:
-    """Makes the plans of one lowerable loop's entries; ``batched`` holds the batched
-    launchers of its point ops (``Executable``), run while a plan is made.
+    """Makes the plans of one lowerable loop's (or loop nest's) entries, in the run whose
+    stores and batched point ops (``Executable``, run while a plan is made) ``bind`` gives.
 
     An entry's plan is reused from an earlier one (a template) when the entry is that one
     moved in index space: each statement runs at the same iterations, at points offset by a
@@ -196,21 +210,28 @@ class LoopPlanner:
     training iterations are such translates."""
 
     def __init__(self, loop: ast.Loop, outer: tuple[Symbol, ...], statements: dict[str, Statement],
-                 graph: SDG, stores: dict, bounds: dict[Symbol, int], backend: Any,
-                 batched: dict[str, Callable]):
-        self.stores, self.bounds, self.backend, self.batched = stores, bounds, backend, batched
-        counters = [*outer, loop.var]
+                 graph: SDG, bounds: dict[Symbol, int], backend: Any):
+        self.bounds, self.backend = bounds, backend
+        self.stores: dict = {}
+        self.batched: dict[str, Callable] = {}
+        self.blocks: set[tuple[int, int]] = set()
+        """Outputs kept in block stores (host buffers): written back whole."""
+        self.nest = Nest(loop, outer)
+        counters = [*outer, *self.nest.vars]
         self.items: list[tuple[str, Statement, int]] = []
         """Per statement of the body: its name, and its index group."""
-        self.indices: list[tuple[Callable, Callable | None]] = []
-        """Per index group (statements with the same index and guards, whose instances are
-        the same): the index and the guards, compiled for NumPy arrays."""
+        self.indices: list[tuple[tuple[int, int, bool], Callable, Callable | None]] = []
+        """Per index group (statements at the same place of the nest with the same index and
+        guards, whose instances are the same): the place (``Space.at``), the index and the
+        guards, compiled for NumPy arrays."""
         groups: dict[tuple, int] = {}
-        for s, guard in ast.guarded_items(loop.body):
-            key = (tuple(map(repr, s.index)), tuple(map(repr, guard)))
+        for item in self.nest.items:
+            s, guard = item.stmt, item.guard
+            place = (item.loop, item.after, self.nest.innermost(item.loop))
+            key = (place, tuple(map(repr, s.index)), tuple(map(repr, guard)))
             if key not in groups:
                 groups[key] = len(self.indices)
-                self.indices.append((compile_vectorized(s.index, counters),
+                self.indices.append((place, compile_vectorized(s.index, counters),
                                      compile_vectorized(guard, counters) if guard else None))
             self.items.append((s.name, statements[s.name], groups[key]))
         self.execs = [(st.op, graph.in_edges(st.op)) for _, st, _ in self.items
@@ -233,41 +254,51 @@ class LoopPlanner:
                         for pos, (op, edges) in enumerate(self.execs) if op.kind == "merge"}
         """Per merge: its index group, dims and conditions (merges alike take the same
         branches)."""
-        self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
-        """Outputs kept in block stores (host buffers): written back whole."""
         self.templates: list[_Template] = []
         self.reused = 0
         """Entries whose plan was a template's."""
 
-    def instances(self, outer: tuple[int, ...], steps: range) -> Iterator[tuple[str, Statement,
-                                                                                np.ndarray, tuple]]:
+    def bind(self, stores: dict, batched: dict[str, Callable]) -> None:
+        """Plan entries of a run with these stores and batched point ops (templates made in
+        earlier runs still serve: they hold no stored value)."""
+        if not self.stores:  # which stores are blocks is the same in every run
+            self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
+        self.stores, self.batched = stores, batched
+
+    def space(self, outer: tuple[int, ...]) -> Space:
+        """The entry's iterations (a nest's, flattened)."""
+        return self.nest.space(outer)
+
+    def instances(self, outer: tuple[int, ...], space: Space) -> Iterator[tuple[str, Statement,
+                                                                                 np.ndarray, tuple]]:
         """Per statement of the body: the iterations (numbered from 0) it runs at in this
         entry and its points there, as coordinate arrays."""
-        for (name, st, _), instance in zip(self.items, self._per_statement(self._groups(outer, steps))):
+        for (name, st, _), instance in zip(self.items, self._per_statement(self._groups(outer, space))):
             yield name, st, *instance
 
-    def _groups(self, outer: tuple[int, ...], steps: range) -> Instances:
+    def _groups(self, outer: tuple[int, ...], space: Space) -> Instances:
         """Per index group: the iterations its statements run at, and their points."""
-        loop_values = np.arange(steps.start, steps.stop, steps.step, dtype=np.int64)
         groups = []
-        for index, guards in self.indices:
-            iterations = np.arange(len(loop_values))
+        for place, index, guards in self.indices:
+            iterations = space.at(*place)
+            counters = [space.counters[v][iterations] for v in self.nest.vars]
             if guards is not None:
-                iterations = np.flatnonzero(np.logical_and.reduce(guards(*outer, loop_values)))
-            groups.append((iterations, index(*outer, loop_values[iterations])))
+                kept = np.flatnonzero(np.logical_and.reduce(guards(*outer, *counters)))
+                iterations, counters = iterations[kept], [c[kept] for c in counters]
+            groups.append((iterations, index(*outer, *counters)))
         return groups
 
     def _per_statement(self, groups: Instances) -> Instances:
         """Each statement's instances, from its index group's."""
         return [groups[group] for _, _, group in self.items]
 
-    def plan(self, outer: tuple[int, ...], steps: range) -> Plan:
+    def plan(self, outer: tuple[int, ...], space: Space) -> Plan:
         """Every read of every iteration of this entry, resolved to the iteration that
         makes it or to a store; raises ``Unlowerable`` where a scan cannot express it.
         Point ops run now. The plan is a template's where the entry is a translate of it,
         else made anew (and kept as a template)."""
-        trips = len(steps)
-        groups = self._groups(outer, steps)
+        trips = space.trips
+        groups = self._groups(outer, space)
         instances = self._per_statement(groups)
         for (name, st, _), (iterations, coords) in zip(self.items, instances):
             if st.kind == "exec" and point_op(st.op) and len(iterations):
@@ -280,7 +311,8 @@ class LoopPlanner:
                 return plan
         template = self._plan(groups, instances, trips)
         self.templates = [template, *self.templates[:TEMPLATES - 1]]
-        return template.plan
+        plan, template.plan = template.plan, replace(template.plan, consts=[], stacked=[], carry_init={})
+        return plan
 
     # ---- a new plan ------------------------------------------------------------------------
     def _plan(self, groups: Instances, instances: Instances, trips: int) -> _Template:
@@ -293,30 +325,36 @@ class LoopPlanner:
             iterations, coords = runs[pos]
             reads.append([self._reads(pos, k, edge, iterations, coords, taken.get(pos), made)
                           for k, edge in enumerate(edges)])
-        slots, fetches = self._slots(reads)
+        slots, fetches, masked = self._slots(reads)
         consts, stacked, init = self._fetch(reads, fetches, trips)
         carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
         made_points, outside = self._made_and_freed(runs, instances, made)
         exported = [(op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
                     if op.id in made_points and (not all(made_points[op.id].freed)
                                                  or (op.id, k) in self.blocks)]
-        # A value kept only from the last iteration (the state a loop leaves) comes out as
+        # A value kept only from its op's last run (the state a loop leaves) comes out as
         # the scan's final carry: slicing one row of a stacked output costs a dispatch.
         finals = tuple(key for key in exported if key not in self.blocks
-                       and made_points[key[0]].kept[0] == [trips - 1])
-        for key in (*carries, *finals):
+                       and made_points[key[0]].kept[0] == made_points[key[0]].rows[-1:])
+        masked |= {key for key in finals if made_points[key[0]].rows[-1] != trips - 1}
+        zeros = {}
+        for key in (*carries, *finals, *masked):
             if key not in init:  # read only where another branch is taken at the first
                 out = self.execs[made[key[0]][0]][0].outputs[key[1]]  # iteration, or final only
-                init[key] = self.backend.zeros(tuple(int(d.evaluate(self.bounds)) for d in out.shape),
-                                               out.dtype)
+                init[key] = zeros[key] = self.backend.zeros(
+                    tuple(int(d.evaluate(self.bounds)) for d in out.shape), out.dtype)
         branches = []
         for pos, chosen in taken.items():
             branches.append(np.zeros(trips, np.int32))
             branches[-1][runs[pos][0]] = chosen
-        plan = Plan(slots, carries, tuple(k for k in exported if k not in finals), finals, consts,
-                    stacked, branches, init, trips, tuple(bool(len(it)) for it, _ in runs),
-                    made_points, self._later(instances, outside))
-        return _Template(groups, reads, taken, fetches, outside, plan)
+        active = []
+        for key in sorted(masked):
+            active.append(np.zeros(trips, bool))
+            active[-1][made_points[key[0]].rows] = True
+        plan = Plan(slots, carries, tuple(sorted(masked)), tuple(k for k in exported if k not in finals),
+                    finals, consts, stacked, branches, active, init, trips,
+                    tuple(bool(len(it)) for it, _ in runs), made_points, self._later(instances, outside))
+        return _Template(groups, reads, taken, fetches, outside, zeros, plan)
 
     def _taken(self, runs: list) -> dict[int, np.ndarray]:
         """Per merge, the branch each of its points takes (once per kind of merge)."""
@@ -340,33 +378,43 @@ class LoopPlanner:
     def _reads(self, pos: int, k: int, edge: Edge, iterations: np.ndarray,
                coords: tuple[np.ndarray, ...], taken: np.ndarray | None, made: dict) -> Reads | None:
         """Input ``k`` of the ``pos``-th body op: the points it reads where it runs (a
-        merge: where branch ``k`` is taken) and where each value is (``SOURCES``)."""
+        merge: where branch ``k`` is taken), which iteration made each, and which slots
+        can give each its value (``STORED``, ``IN_BODY``, ``IN_CARRY``)."""
         if taken is not None:
             iterations, coords = iterations[taken == k], tuple(c[taken == k] for c in coords)
         if not len(iterations):
             return None
         read = self._index(pos, k, coords, len(iterations))
-        sources = np.full(len(iterations), STORE, np.int8)
+        made_at = np.full(len(iterations), -1, np.int64)
+        fits = np.full(len(iterations), STORED, np.int8)
         if edge.src.id in made:
             maker, when, index = made[edge.src.id]
             found = index.find(read, len(iterations))
-            at = np.where(found >= 0, when[found], -1)
-            if ((found >= 0) & (at < iterations - 1)).any():
-                raise Unlowerable(f"{self.execs[pos][0].name} reads {edge.src.name} of another iteration")
-            sources[(found >= 0) & (at == iterations) & (maker < pos)] = BODY
-            sources[(found >= 0) & (at == iterations - 1)] = CARRY
-        return Reads(edge, iterations, read, sources)
+            made_at = np.where(found >= 0, when[found], -1)
+            before = _latest(when, iterations, inclusive=False)
+            fits = np.where(found >= 0, 0, STORED) | np.where(made_at == before, IN_CARRY, 0)
+            if maker < pos:  # made earlier in the iteration's body
+                fits |= np.where(made_at == _latest(when, iterations, inclusive=True), IN_BODY, 0)
+            stale = (found >= 0) & (fits == 0)
+            if stale.any():
+                n = int(np.argmax(stale))
+                raise Unlowerable(f"{self.execs[pos][0].name} reads a value of {edge.src.name} that a "
+                                  f"later one replaced ({int(iterations[n] - made_at[n])} iterations back)")
+        return Reads(edge, iterations, read, made_at, fits.astype(np.int8))
 
     def _index(self, pos: int, k: int, coords: tuple[np.ndarray, ...], count: int) -> tuple[np.ndarray, ...]:
         """The points input ``k`` of the ``pos``-th body op reads at its points ``coords``."""
         return tuple(c if np.shape(c) == (count,) else np.broadcast_to(c, (count,))
                      for c in self.phis[self.execs[pos][0].id][k](*coords))
 
-    def _slots(self, reads: list[list[Reads | None]]) -> tuple[Slots, list[Fetch]]:
-        """Each input's slot, and the stored values the scan reads (in slot order)."""
+    def _slots(self, reads: list[list[Reads | None]]) -> tuple[Slots, list[Fetch], set[tuple[int, int]]]:
+        """Each input's slot, the stored values the scan reads (in slot order), and the
+        outputs whose latest value the carry must keep where their op does not run (read
+        at an iteration, or from a point of the iteration, other than the one before)."""
         fetches: list[Fetch] = []
         counts = {"const": 0, "stacked": 0}
         init_points: dict[tuple[int, int], tuple] = {}
+        masked: set[tuple[int, int]] = set()
         slots = []
         for pos, row in enumerate(reads):
             slot_row = []
@@ -375,28 +423,29 @@ class LoopPlanner:
                     slot_row.append(Slot("unused"))
                     continue
                 key = (r.edge.src.id, r.edge.src_out)
-                first_from_store = r.iterations[0] == 0 and r.sources[0] == STORE
-                counted = (r.iterations > 0) | (r.sources != STORE)
-                sources = set(r.sources[counted].tolist())
-                if sources <= {STORE} and (sources or first_from_store):
+                fits = int(np.bitwise_and.reduce(r.fits))
+                if fits & STORED:
                     kind = "const" if all((c == c[0]).all() for c in r.coords) else "stacked"
                     slot_row.append(Slot(kind, counts[kind]))
                     counts[kind] += 1
                     fetches.append((kind, pos, k))
-                elif sources == {BODY} and not first_from_store:
-                    slot_row.append(Slot("body", key))
-                elif sources == {CARRY}:
-                    if first_from_store:
-                        if init_points.setdefault(key, r.first()) != r.first():
-                            raise Unlowerable(f"{self.execs[pos][0].name} starts from two stored "
-                                              f"points of {r.edge.src.name}")
-                        fetches.append(("init", pos, k))
-                    slot_row.append(Slot("carry", key))
-                else:
-                    where = sorted(SOURCES[s] for s in sources)
-                    raise Unlowerable(f"{self.execs[pos][0].name} reads {r.edge.src.name} from {where}")
+                    continue
+                if not fits & (IN_BODY | IN_CARRY):
+                    raise Unlowerable(f"{self.execs[pos][0].name} reads {r.edge.src.name} "
+                                      f"{_mixed(r.fits)}")
+                kind = "body" if fits & IN_BODY else "carry"
+                stored = (r.fits & STORED) != 0
+                if stored.any():  # before the loop made any point: the carry's initial value
+                    if init_points.setdefault(key, r.first()) != r.first() or \
+                            not all((c[stored] == c[0]).all() for c in r.coords):
+                        raise Unlowerable(f"{self.execs[pos][0].name} starts from two stored "
+                                          f"points of {r.edge.src.name}")
+                    fetches.append(("init", pos, k))
+                if (r.made_at != (r.iterations if kind == "body" else r.iterations - 1)).any():
+                    masked.add(key)
+                slot_row.append(Slot(kind, key))
             slots.append(tuple(slot_row))
-        return tuple(slots), fetches
+        return tuple(slots), fetches, masked
 
     def _fetch(self, reads: list[list[Reads | None]], fetches: list[Fetch],
                trips: int) -> tuple[list, list, dict]:
@@ -491,12 +540,13 @@ class LoopPlanner:
         if reads is None:
             return None
         consts, stacked, init = self._fetch(reads, template.fetches, trips)
-        for key, zeros in old.carry_init.items():
+        for key, zeros in template.zeros.items():
             init.setdefault(key, zeros)  # the carries no stored point starts
         made = {op_id: Made(m.rows, runs[self.positions[op_id]][1], m.freed)
                 for op_id, m in old.made.items()}
-        return Plan(old.slots, old.carries, old.exported, old.finals, consts, stacked, old.branches,
-                    init, trips, old.runs, made, self._later(instances, template.outside))
+        return Plan(old.slots, old.carries, old.masked, old.exported, old.finals, consts, stacked,
+                    old.branches, old.active, init, trips, old.runs, made,
+                    self._later(instances, template.outside))
 
     def _moved_reads(self, template: _Template, runs: list,
                      ops: list) -> list[list[Reads | None]] | None:
@@ -528,9 +578,23 @@ class LoopPlanner:
                     coords = self._index(pos, k, points, len(r.iterations))
                     if target is not ANY and _offset(r.coords, coords) != target:
                         return None
-                moved.append(Reads(r.edge, r.iterations, coords, r.sources))
+                moved.append(Reads(r.edge, r.iterations, coords, r.made_at, r.fits))
             reads.append(moved)
         return reads
+
+
+def _latest(when: np.ndarray, iterations: np.ndarray, inclusive: bool) -> np.ndarray:
+    """Per iteration, the last of the sorted iterations ``when`` before it (or at it, if
+    ``inclusive``), or -1."""
+    last = np.searchsorted(when, iterations, side="right" if inclusive else "left") - 1
+    return np.where(last >= 0, when[np.maximum(last, 0)], -1)
+
+
+def _mixed(fits: np.ndarray) -> str:
+    """Why no one slot fits a read's values (``Reads.fits``)."""
+    if ((fits & STORED) != 0).any():
+        return "both from stores and from values the loop made since"
+    return "both from this iteration's values and from earlier iterations'"
 
 
 def _offset(was: tuple[np.ndarray, ...], now: tuple[np.ndarray, ...]) -> tuple[int, ...] | bool:
