@@ -185,6 +185,7 @@ class LoopLauncher:
         self.bounds, self.backend, self.policy, self.choice = bounds, backend, policy, choice
         self.planner = LoopPlanner(loop, outer, statements, graph, bounds, backend)
         self.execs = self.planner.execs
+        self.graph_ops = {op.id: op for op, _ in self.execs}
         self.interpret = _interpreter(lowerable.interpreted, [v.name for v in outer])
         self.traced: dict[tuple, Callable] = {}
         """Compiled scans by plan signature."""
@@ -281,7 +282,7 @@ class LoopLauncher:
 
     def _run_lowered(self, plan: Plan) -> None:
         fn = self.traced.get(plan.signature)
-        args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.carry_init)
+        args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.rows_at, plan.carry_init)
         if fn is None:
             begin = time.perf_counter()
             try:
@@ -296,30 +297,36 @@ class LoopLauncher:
             self.backend.synchronize((last, outputs))
         for key in plan.finals:  # the one kept point, made at the last iteration
             self.stores[key].write(plan.made[key[0]].kept[1][0], last[key])
+        sparse = {key for key, _ in plan.sparse}
         for key, values in zip(plan.exported, outputs):
             made = plan.made[key[0]]
             if key in self.planner.blocks:  # every row, then the frees: a block is released when
-                self.stores[key].write_rows(made.points, values, made.rows)  # all its rows
+                rows = list(range(len(made.rows))) if key in sparse else made.rows  # all its rows
+                self.stores[key].write_rows(made.points, values, rows)
                 self.stores[key].free_many([p for p, freed in zip(made.points, made.freed) if freed])
             else:
                 rows, points = made.kept
-                self.stores[key].write_rows(points, values, rows)
+                self.stores[key].write_rows(points, values, made.kept_runs if key in sparse else rows)
         for op, points in plan.frees:
             self._free(op, points)
 
     def _scan(self, plan: Plan) -> Callable:
         """The loop as a function of the plan's values, for ``jax.jit``."""
         jax, xp = self.backend.jax, self.backend.xp
-        slots, exported, runs = plan.slots, plan.exported, plan.runs
+        slots, runs = plan.slots, plan.runs
         carried = sorted({*plan.carries, *plan.masked, *plan.finals})
         masked = {key: n for n, key in enumerate(plan.masked)}
+        sparse = {key: n for n, (key, _) in enumerate(plan.sparse)}
+        buffers = [(count + 1, *self._shape(key)) for key, count in plan.sparse]
         merges = [pos for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"]
         kernels = [(op, op.definition.kernel, resolve_params(op.params, self.bounds))
                    for op, _ in self.execs]
 
-        def run(consts: list, stacked: list, branches: list, active: list, init: dict) -> Any:
-            def step(carry: dict, xs: tuple) -> tuple[dict, tuple]:
-                per_step, branch, runs_now = xs
+        def run(consts: list, stacked: list, branches: list, active: list, rows_at: list,
+                init: dict) -> Any:
+            def step(state: tuple, xs: tuple) -> tuple[tuple, tuple]:
+                carry, rows = state
+                per_step, branch, runs_now, row_now = xs
                 values: dict[tuple[int, int], Any] = {}
 
                 def made(key: tuple[int, int], out: Any) -> None:
@@ -348,9 +355,24 @@ class LoopLauncher:
                     outs = kernel(xp, params, *(value(s) for s in row))
                     for k, out in enumerate(outs if op.definition.multi_output else (outs,)):
                         made((op.id, k), out)
-                return {key: values[key] for key in carried}, tuple(values[key] for key in exported)
-            return jax.lax.scan(step, init, (stacked, branches, active), length=plan.trips)
+                rows = tuple(jax.lax.dynamic_update_index_in_dim(rows[n], values[key], row_now[n], 0)
+                             for key, n in sparse.items())
+                return ({key: values[key] for key in carried}, rows), \
+                    tuple(values[key] for key in plan.exported if key not in sparse)
+            empty = tuple(xp.zeros(shape, self._dtype(key)) for (key, _), shape in zip(plan.sparse, buffers))
+            xs = (stacked, branches, active, rows_at)
+            (last, rows), per_iteration = jax.lax.scan(step, (init, empty), xs, length=plan.trips)
+            dense = iter(per_iteration)
+            return last, tuple(rows[sparse[key]][:-1] if key in sparse else next(dense)
+                               for key in plan.exported)
         return run
+
+    def _shape(self, key: tuple[int, int]) -> tuple[int, ...]:
+        out = self.graph_ops[key[0]].outputs[key[1]]
+        return tuple(int(d.evaluate(self.bounds)) for d in out.shape)
+
+    def _dtype(self, key: tuple[int, int]) -> str:
+        return self.graph_ops[key[0]].outputs[key[1]].dtype
 
 
 def _interpreter(loop: ast.Loop, outer: list[str]) -> Callable[..., None]:

@@ -70,6 +70,11 @@ class Made:
         return tuples(self.coords, len(self.rows))
 
     @cached_property
+    def kept_runs(self) -> list[int]:
+        """Which of its points (numbered in order) the loop does not free."""
+        return [n for n, freed in enumerate(self.freed) if not freed]
+
+    @cached_property
     def kept(self) -> tuple[list[int], list[tuple]]:
         """The rows and points the loop does not free (written back after it)."""
         kept = [(n, p) for n, p, freed in zip(self.rows, self.points, self.freed) if not freed]
@@ -86,12 +91,16 @@ class Plan:
     masked: tuple[tuple[int, int], ...]        # outputs whose op runs at some iterations only
                                                # and whose latest value the carry keeps
     exported: tuple[tuple[int, int], ...]      # outputs written to their stores afterwards, stacked
+    sparse: tuple[tuple[tuple[int, int], int], ...]  # exported outputs whose op runs at some
+                                               # iterations only, and at how many: stacked per run
     finals: tuple[tuple[int, int], ...]        # outputs whose one kept point is the last
                                                # iteration's: written from the final carry
     consts: list[Any]
     stacked: list[Any]
     branches: list[np.ndarray]                 # per merge of the body: the branch per iteration
     active: list[np.ndarray]                   # per masked output: whether its op runs, per iteration
+    rows_at: list[np.ndarray]                  # per sparse output: per iteration, the row its
+                                               # value goes to (one past the last: none)
     carry_init: dict[tuple[int, int], Any]
     trips: int
     runs: tuple[bool, ...]                     # per exec of the body: whether it runs in this entry
@@ -100,8 +109,8 @@ class Plan:
 
     @property
     def signature(self) -> tuple:
-        return (self.slots, self.carries, self.masked, self.exported, self.finals, len(self.branches),
-                self.trips, self.runs)
+        return (self.slots, self.carries, self.masked, self.exported, self.sparse, self.finals,
+                len(self.branches), self.trips, self.runs)
 
 
 class Unlowerable(Exception):
@@ -351,9 +360,18 @@ class LoopPlanner:
         for key in sorted(masked):
             active.append(np.zeros(trips, bool))
             active[-1][made_points[key[0]].rows] = True
-        plan = Plan(slots, carries, tuple(sorted(masked)), tuple(k for k in exported if k not in finals),
-                    finals, consts, stacked, branches, active, init, trips,
-                    tuple(bool(len(it)) for it, _ in runs), made_points, self._later(instances, outside))
+        stacked_out = tuple(k for k in exported if k not in finals)
+        # An op that runs at some iterations only (an outer statement of a nest) comes out
+        # stacked per run, not per iteration: the scan writes each run's value at its row.
+        sparse = tuple((key, len(made_points[key[0]].rows)) for key in stacked_out
+                       if len(made_points[key[0]].rows) < trips)
+        rows_at = []
+        for key, count in sparse:
+            rows_at.append(np.full(trips, count, np.int32))
+            rows_at[-1][made_points[key[0]].rows] = np.arange(count)
+        plan = Plan(slots, carries, tuple(sorted(masked)), stacked_out, sparse, finals, consts, stacked,
+                    branches, active, rows_at, init, trips, tuple(bool(len(it)) for it, _ in runs),
+                    made_points, self._later(instances, outside))
         return _Template(groups, reads, taken, fetches, outside, zeros, plan)
 
     def _taken(self, runs: list) -> dict[int, np.ndarray]:
@@ -544,8 +562,8 @@ class LoopPlanner:
             init.setdefault(key, zeros)  # the carries no stored point starts
         made = {op_id: Made(m.rows, runs[self.positions[op_id]][1], m.freed)
                 for op_id, m in old.made.items()}
-        return Plan(old.slots, old.carries, old.masked, old.exported, old.finals, consts, stacked,
-                    old.branches, old.active, init, trips, old.runs, made,
+        return Plan(old.slots, old.carries, old.masked, old.exported, old.sparse, old.finals, consts,
+                    stacked, old.branches, old.active, old.rows_at, init, trips, old.runs, made,
                     self._later(instances, template.outside))
 
     def _moved_reads(self, template: _Template, runs: list,
