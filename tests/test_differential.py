@@ -469,8 +469,9 @@ def test_random_program_with_lowered_loops(seed):
 
 
 def test_random_programs_exercise_loop_lowering():
-    """The seeds above lower loops to scans, and run loops of point ops batched."""
-    lowered = batched = 0
+    """The seeds above lower loops and loop nests to scans, and run loops of point ops
+    batched."""
+    lowered = batched = nests = 0
     for seed in LOWERED_SEEDS:
         prog = make_program(seed)
         exe = prog.ctx.compile(prog.bounds, [rt for rt, _ in prog.outputs], backend="jax",
@@ -478,13 +479,15 @@ def test_random_programs_exercise_loop_lowering():
         exe.run()
         lowered += sum(c.form == "lowered" and not c.fallbacks for c in exe.loop_choices.values())
         batched += sum(c.form == "batched" for c in exe.loop_choices.values())
-    assert lowered >= 5 and batched >= 2
+        nests += sum(c.form == "lowered" and not c.fallbacks and c.depth > 1
+                     for c in exe.loop_choices.values())
+    assert lowered >= 5 and batched >= 2 and nests >= 1
 
 
 def test_reused_plans_are_the_plans_made_anew(monkeypatch):
-    """Wherever a lowered loop takes an earlier entry's plan (``LoopPlanner``), that plan
-    is the one made from scratch for the entry: structure, stored values read, branches,
-    points written back and frees."""
+    """Wherever a lowered loop takes an earlier entry's plan (``LoopPlanner``; in the same
+    run or an earlier one), that plan is the one made from scratch for the entry:
+    structure, stored values read, branches, points written back and frees."""
     from tempo.runtime.plan import LoopPlanner
     plan, compared = LoopPlanner.plan, []
 
@@ -497,7 +500,8 @@ def test_reused_plans_are_the_plans_made_anew(monkeypatch):
         made = self._plan(groups, self._per_statement(groups), space.trips).plan
         assert got.signature == made.signature
         for a, b in [*zip(got.consts, made.consts), *zip(got.stacked, made.stacked),
-                     *zip(got.branches, made.branches), *zip(got.active, made.active)]:
+                     *zip(got.branches, made.branches), *zip(got.active, made.active),
+                     *zip(got.rows_at, made.rows_at)]:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert (len(got.consts), len(got.stacked)) == (len(made.consts), len(made.stacked))
         assert got.carry_init.keys() == made.carry_init.keys()
@@ -509,8 +513,10 @@ def test_reused_plans_are_the_plans_made_anew(monkeypatch):
         compared.append(outer)
         return got
     monkeypatch.setattr(LoopPlanner, "plan", checked)
-    for seed in LOWERED_SEEDS:
-        check_program(seed, "jax", both_bounds=False, loops=tp.LoopPolicy("lowered", min_trips=1))
+    for seed in [*LOWERED_SEEDS, 1113]:  # a second run reuses the first's plans (1113: a stacked
+        # input's unread rows were filled from the store's rows in one plan and with zeros in
+        # the other)
+        check_program(seed, "jax", both_bounds=True, loops=tp.LoopPolicy("lowered", min_trips=1))
     assert len(compared) >= 5
 
 

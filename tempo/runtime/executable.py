@@ -25,7 +25,7 @@ from tempo.ir.validate import check_graph, check_parallel, check_placeholders, r
 from tempo.passes import PIPELINE, PassState, run_pipeline
 from tempo.runtime.backends import make_backend
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, Lowerable, lower_loops
-from tempo.runtime.nest import statement_names
+from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
@@ -98,7 +98,7 @@ class Executable:
         self._lowered: dict[str, Lowerable] = {}
         if backend.name == "jax" and self.loops.mode != "interpreted":
             root, self._lowered = lower_loops(root, schedule.statements, graph, bounds, self.loops.nests)
-        self.loop_choices = {name: LoopChoice(name, statement_names(lowerable.loop))
+        self.loop_choices = {name: LoopChoice(name, statement_names(lowerable.loop), depth(lowerable.loop))
                              for name, lowerable in self._lowered.items()}
         """Per lowerable loop: its statements, the timings and the form the runs chose
         (``tempo.runtime.lowering``)."""

@@ -89,6 +89,8 @@ class LoopChoice:
 
     name: str
     statements: list[str]
+    depth: int = 1
+    """Loops on the longest path of the nest (1: a loop without inner loops)."""
     interpreted: float | None = None
     lowered: float | None = None
     compile_seconds: float = 0.0
@@ -100,10 +102,11 @@ class LoopChoice:
     def __str__(self) -> str:
         def ms(x: float | None) -> str:
             return "-" if x is None else f"{x * 1e3:.3f} ms"
+        name = self.name if self.depth == 1 else f"{self.name} (a nest {self.depth} loops deep)"
         if self.form == "batched":
-            return f"{self.name} [{', '.join(self.statements)}]: batched on the host (point ops and frees)"
+            return f"{name} [{', '.join(self.statements)}]: batched on the host (point ops and frees)"
         why = f" (interpreted: {self.fallbacks[0]})" if self.fallbacks else ""
-        return (f"{self.name} [{', '.join(self.statements)}]: {self.form or 'undecided'}; per iteration "
+        return (f"{name} [{', '.join(self.statements)}]: {self.form or 'undecided'}; per iteration "
                 f"interpreted {ms(self.interpreted)}, lowered {ms(self.lowered)} "
                 f"(compile {self.compile_seconds:.2f} s; plans reused in {self.reused} entries){why}")
 

@@ -492,11 +492,12 @@ class LoopPlanner:
         for n, point in zip(r.iterations.tolist(), points):
             per_iteration[n] = point
         store = self.stores[key]
-        whole = store.stacked([points[0] if p is None else p for p in per_iteration])
+        every = [points[0] if p is None else p for p in per_iteration]
+        whole = store.stacked(every)
         if whole is not None:
             return whole
         read = store.reader(False)
-        return self._stack([None if p is None else read(p) for p in per_iteration])
+        return self.backend.stack([read(p) for p in every])
 
     def _made_and_freed(self, runs: list, instances: Instances,
                         made: dict) -> tuple[dict[int, Made], dict[int, np.ndarray]]:
@@ -521,12 +522,6 @@ class LoopPlanner:
         """The frees of points made before the loop, done after it: per free, its points."""
         return [(self.items[n][1].op, tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum())))
                 for n, mask in outside.items() if mask.any()]
-
-    def _stack(self, values: list[Any]) -> Any:
-        """Per-iteration values as one array; iterations that do not read it get zeros."""
-        like = next(v for v in values if v is not None)
-        zeros = self.backend.zeros(like.shape, like.dtype)
-        return self.backend.stack([zeros if v is None else v for v in values])
 
     # ---- a template's plan -----------------------------------------------------------------
     def _reuse(self, template: _Template, groups: Instances, instances: Instances,

@@ -139,8 +139,9 @@ def test_a_nest_runs_as_one_scan():
         np.testing.assert_allclose(res[rt], ref[rt.key], rtol=1e-5, atol=1e-6)
     calls = {name: t.calls for (kind, name), t in profile.ops.items() if kind == "loop"}
     whole = [c for c in exe.loop_choices.values() if c.form == "lowered" and not c.fallbacks
-             and calls.get(c.name) == 1]
+             and calls.get(c.name) == 1 and c.depth == 2]
     assert whole and any(calls[c.name] == 0 for c in exe.loop_choices.values()), calls
+    assert "a nest 2 loops deep" in str(whole[0])
 
 
 def test_nests_off_lowers_innermost_loops_only():
@@ -150,3 +151,16 @@ def test_nests_off_lowers_innermost_loops_only():
     exe.run(profile=profile)
     calls = [t.calls for (kind, _), t in profile.ops.items() if kind == "loop" and t.calls]
     assert bounds[ctx.bounds[0]] in calls  # the t loop, once per i
+
+
+def test_timed_policy_decides_a_nest_entered_once_per_run_over_runs():
+    """The nest is entered once per run: the launcher keeps its timings across runs, so
+    the sixth run's entry decides."""
+    ctx, bounds, outputs = _recurrence_in_recurrence()
+    exe = ctx.compile(bounds, outputs, backend="jax")
+    nest_choice = next(c for c in exe.loop_choices.values() if c.depth == 2)
+    for _ in range(5):
+        exe.run()
+    assert nest_choice.form is None and nest_choice.interpreted is not None
+    exe.run()
+    assert nest_choice.form in ("lowered", "interpreted") and nest_choice.lowered is not None
