@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tempo.schedule import ast
-from tempo.symbolic.expr import Expr, Symbol, compile_vectorized, logical_and
+from tempo.symbolic.expr import Expr, Symbol, compile_function, compile_vectorized, logical_and
 
 Guarded = tuple[ast.Stmt, tuple[Expr, ...]]
 
@@ -259,6 +259,9 @@ class Nest:
         self.vars: tuple[Symbol, ...] = tuple(dict.fromkeys(lv.loop.var for lv in self.levels))
         """The nest's loop variables (sibling loops share theirs)."""
         self.enclosing = [self._enclosing(n) for n in range(len(self.levels))]
+        self.single = compile_function([loop.start, ast.range_stop(loop)], outer) \
+            if len(self.levels) == 1 else None
+        """A loop without inner loops: its range, for plain ints."""
         self.ranges: list[Callable[..., tuple]] = []
         self.guards: list[Callable[..., tuple] | None] = []
         for n, level in enumerate(self.levels):
@@ -276,6 +279,11 @@ class Nest:
 
     def space(self, outer: tuple[int, ...]) -> Space:
         """The flattened iterations of the entry at ``outer``."""
+        if self.single is not None:  # one loop: its own iterations (the common case, kept cheap)
+            start, stop = self.single(*outer)
+            values = np.arange(start, stop, self.levels[0].loop.step, dtype=np.int64)
+            every = np.arange(len(values))
+            return Space(len(values), {self.vars[0]: values}, {0: every}, {}, {(0, -1): every})
         flat = self._expand(0, outer, {}, 1)
         trips = len(flat.parent)
         counters = {v: flat.counters.get(v, np.zeros(trips, np.int64)) for v in self.vars}
