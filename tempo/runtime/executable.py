@@ -137,7 +137,11 @@ class Executable:
                     self.loops, self.loop_choices[name])
             launch.bind(stores, namespace, batched)
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
-        self._program(namespace)
+        try:
+            self._program(namespace)
+        finally:  # the launchers outlive the run, its stored values must not
+            for launch in self._launchers.values():
+                launch.bind({}, {}, {})
         return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
 
     def execution_order(self) -> list[tuple[str, Op, tuple[int, ...]]]:

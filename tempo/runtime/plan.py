@@ -224,6 +224,7 @@ class LoopPlanner:
         self.stores: dict = {}
         self.batched: dict[str, Callable] = {}
         self.blocks: set[tuple[int, int]] = set()
+        self._blocks_known = False
         """Outputs kept in block stores (host buffers): written back whole."""
         self.nest = Nest(loop, outer)
         counters = [*outer, *self.nest.vars]
@@ -270,8 +271,9 @@ class LoopPlanner:
     def bind(self, stores: dict, batched: dict[str, Callable]) -> None:
         """Plan entries of a run with these stores and batched point ops (templates made in
         earlier runs still serve: they hold no stored value)."""
-        if not self.stores:  # which stores are blocks is the same in every run
+        if stores and not self._blocks_known:  # which stores are blocks is the same in every run
             self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
+            self._blocks_known = True
         self.stores, self.batched = stores, batched
 
     def space(self, outer: tuple[int, ...]) -> Space:

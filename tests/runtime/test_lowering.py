@@ -156,3 +156,26 @@ def test_ppo_trains_the_same_with_lowered_and_interpreted_loops(env, tmp_path: p
     for a, b in zip(histories["lowered"], histories["interpreted"]):
         for name in ("losses/policy_loss", "losses/value_loss", "losses/entropy"):
             np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_an_executable_keeps_no_stored_values_after_a_run(monkeypatch):
+    """The loop launchers serve every run of an executable, but the stores (every value a
+    run made) are released when the run returns."""
+    import gc
+    import weakref
+
+    from tempo.runtime import executable
+    made, make = [], executable._make_stores
+
+    def recording(*args, **kwargs):
+        stores = make(*args, **kwargs)
+        made.extend(weakref.ref(store) for store in stores.values())
+        return stores
+    monkeypatch.setattr(executable, "_make_stores", recording)
+    ctx, bounds, outputs = _recurrences()
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered"))
+    results = exe.run()
+    gc.collect()
+    assert made and all(ref() is None for ref in made)
+    _check(exe, ctx, bounds, outputs)
+    assert results[outputs[0]].shape == (4, 20)
