@@ -457,7 +457,13 @@ of one loop body (2183: isl unrolled t, so the loop stays interpreted), a body o
 dims reading a point (2253: its index is a tuple of ints, not of arrays)."""
 
 
-@pytest.mark.parametrize("seed", [*LOWERED_SEEDS, *LOWERED_REGRESSIONS])
+NEST_SEEDS = [1024, 1029, 1057, 1080, 1084, 1094]
+"""Programs with a loop nest lowered whole (beside 1000 and 1002 above): nests whose
+outer statements' values are kept in the carry (1024, 1029, 1080), come out stacked per
+run (1057, 1094), or neither (1084)."""
+
+
+@pytest.mark.parametrize("seed", [*LOWERED_SEEDS, *LOWERED_REGRESSIONS, *NEST_SEEDS])
 def test_random_program_with_lowered_loops(seed):
     """Every loop that can be one ``lax.scan`` is (tempo.runtime.lowering), and the run
     ends holding what the interpreted run holds."""
