@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tempo.schedule import ast
-from tempo.symbolic.expr import Expr, Symbol, compile_function, compile_vectorized, logical_and
+from tempo.symbolic.expr import (
+    Expr,
+    Symbol,
+    compile_function,
+    compile_vectorized,
+    logical_and,
+    maximum,
+    minimum,
+)
 
 Guarded = tuple[ast.Stmt, tuple[Expr, ...]]
 
@@ -112,9 +120,13 @@ def _unpeel(around: list[Guarded], inner: ast.Loop, first: bool) -> tuple[list[G
         if bn < len(body):
             merged.append(body[bn])
         p, b = pn + 1, bn + 1
+    # The extra iteration runs even where the loop's own range is empty, as the peeled
+    # statements did.
     if first:
-        return kept, ast.Loop(inner.var, extra, inner.cond, inner.step, _sequence(merged))
-    return kept, ast.Loop(inner.var, inner.start, inner.var < stop + 1, inner.step, _sequence(merged))
+        return kept, ast.Loop(inner.var, extra, inner.var < maximum(stop, extra + inner.step),
+                              inner.step, _sequence(merged))
+    return kept, ast.Loop(inner.var, minimum(inner.start, stop), inner.var < stop + 1, inner.step,
+                          _sequence(merged))
 
 
 def _common(before: list[Guarded], body: list[Guarded], at: dict[Symbol, Expr]) -> list[tuple[int, int]]:

@@ -30,6 +30,9 @@ NESTS = {
                                     _loop(c1, 1, 4, _s("B", c0, c1), _s("C", c0, c1)), _s("D", c0)),
     "peeled last iteration": _loop(c0, 0, 3, _loop(c1, 0, 3, _s("B", c0, c1), _s("C", c0, c1)),
                                    _s("B", c0, 3), _s("D", c0)),
+    "peeled iterations of loops that can be empty": _loop(
+        c0, 0, 4, _s("B", c0, 0), _loop(c1, 1, c0, _s("B", c0, c1)), _s("D", c0),
+        _loop(c1, c0, 2, _s("C", c0, c1)), _s("C", c0, 2)),
     "guarded and empty inner loops": _loop(c0, 0, 4, _s("A", c0),
                                            _if(c0 >= 1, _loop(c1, 0, c0 - 1, _s("B", c0, c1))),
                                            _s("D", c0)),
