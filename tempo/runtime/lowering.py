@@ -98,11 +98,16 @@ class LoopChoice:
     fallbacks: list[str] = field(default_factory=list)
     reused: int = 0
     """Lowered entries whose plan was an earlier entry's, moved (``LoopPlanner``)."""
+    entries: int = 0
+    """Times the loop was entered (a nest's inner loop: only in the nest's interpreted
+    entries)."""
 
     def __str__(self) -> str:
         def ms(x: float | None) -> str:
             return "-" if x is None else f"{x * 1e3:.3f} ms"
         name = self.name if self.depth == 1 else f"{self.name} (a nest {self.depth} loops deep)"
+        if not self.entries:
+            return f"{name} [{', '.join(self.statements)}]: not entered"
         if self.form == "batched":
             return f"{name} [{', '.join(self.statements)}]: batched on the host (point ops and frees)"
         why = f" (interpreted: {self.fallbacks[0]})" if self.fallbacks else ""
@@ -208,6 +213,7 @@ class LoopLauncher:
         """Set by the profiler: a lowered entry returns once its outputs are computed."""
 
     def __call__(self, outer: tuple[int, ...]) -> None:
+        self.choice.entries += 1
         space = self.planner.space(outer)
         if not self.execs:  # point ops and frees only: always cheaper batched
             self.choice.form = self.last_form = "batched"

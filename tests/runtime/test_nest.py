@@ -145,6 +145,8 @@ def test_a_nest_runs_as_one_scan():
              and calls.get(c.name) == 1 and c.depth == 2]
     assert whole and any(calls[c.name] == 0 for c in exe.loop_choices.values()), calls
     assert "a nest 2 loops deep" in str(whole[0])
+    inner = [c for c in exe.loop_choices.values() if calls.get(c.name) == 0]
+    assert inner and all(str(c).endswith(": not entered") for c in inner)
 
 
 def test_nests_off_lowers_innermost_loops_only():
