@@ -193,7 +193,6 @@ class LoopLauncher:
         self.bounds, self.backend, self.policy, self.choice = bounds, backend, policy, choice
         self.planner = LoopPlanner(loop, outer, statements, graph, bounds, backend)
         self.execs = self.planner.execs
-        self.graph_ops = {op.id: op for op, _ in self.execs}
         self.interpret = _interpreter(lowerable.interpreted, [v.name for v in outer])
         self.traced: dict[tuple, Callable] = {}
         """Compiled scans by plan signature."""
@@ -202,6 +201,7 @@ class LoopLauncher:
         self.stores: dict = {}
         self.namespace: dict[str, Callable] = {}
         self.wait_for_outputs = False
+        """Set by the profiler: a lowered entry returns once its outputs are computed."""
         self._compiling = 0.0
 
     def bind(self, stores: dict, namespace: dict[str, Callable], batched: dict[str, Callable]) -> None:
@@ -210,7 +210,6 @@ class LoopLauncher:
         self.stores, self.namespace = stores, namespace
         self.planner.bind(stores, batched)
         self.wait_for_outputs = False
-        """Set by the profiler: a lowered entry returns once its outputs are computed."""
 
     def __call__(self, outer: tuple[int, ...]) -> None:
         self.choice.entries += 1
@@ -326,7 +325,10 @@ class LoopLauncher:
         carried = sorted({*plan.carries, *plan.masked, *plan.finals})
         masked = {key: n for n, key in enumerate(plan.masked)}
         sparse = {key: n for n, (key, _) in enumerate(plan.sparse)}
-        buffers = [(count + 1, *self._shape(key)) for key, count in plan.sparse]
+        buffers = []  # per sparse output: a row per run, and one where the op does not run
+        for key, count in plan.sparse:
+            shape, dtype = self.planner.output_type(key)
+            buffers.append(((count + 1, *shape), dtype))
         merges = [pos for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"]
         kernels = [(op, op.definition.kernel, resolve_params(op.params, self.bounds))
                    for op, _ in self.execs]
@@ -368,20 +370,13 @@ class LoopLauncher:
                              for key, n in sparse.items())
                 return ({key: values[key] for key in carried}, rows), \
                     tuple(values[key] for key in plan.exported if key not in sparse)
-            empty = tuple(xp.zeros(shape, self._dtype(key)) for (key, _), shape in zip(plan.sparse, buffers))
+            empty = tuple(xp.zeros(shape, dtype) for shape, dtype in buffers)
             xs = (stacked, branches, active, rows_at)
             (last, rows), per_iteration = jax.lax.scan(step, (init, empty), xs, length=plan.trips)
             dense = iter(per_iteration)
             return last, tuple(rows[sparse[key]][:-1] if key in sparse else next(dense)
                                for key in plan.exported)
         return run
-
-    def _shape(self, key: tuple[int, int]) -> tuple[int, ...]:
-        out = self.graph_ops[key[0]].outputs[key[1]]
-        return tuple(int(d.evaluate(self.bounds)) for d in out.shape)
-
-    def _dtype(self, key: tuple[int, int]) -> str:
-        return self.graph_ops[key[0]].outputs[key[1]].dtype
 
 
 def _interpreter(loop: ast.Loop, outer: list[str]) -> Callable[..., None]:

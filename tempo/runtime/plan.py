@@ -351,30 +351,27 @@ class LoopPlanner:
         zeros = {}
         for key in (*carries, *finals, *masked):
             if key not in init:  # read only where another branch is taken at the first
-                out = self.execs[made[key[0]][0]][0].outputs[key[1]]  # iteration, or final only
-                init[key] = zeros[key] = self.backend.zeros(
-                    tuple(int(d.evaluate(self.bounds)) for d in out.shape), out.dtype)
-        branches = []
-        for pos, chosen in taken.items():
-            branches.append(np.zeros(trips, np.int32))
-            branches[-1][runs[pos][0]] = chosen
-        active = []
-        for key in sorted(masked):
-            active.append(np.zeros(trips, bool))
-            active[-1][made_points[key[0]].rows] = True
+                shape, dtype = self.output_type(key)  # iteration, or final only
+                init[key] = zeros[key] = self.backend.zeros(shape, dtype)
+        branches = [_per_iteration(trips, runs[pos][0], chosen, 0, np.int32) for pos, chosen in taken.items()]
+        active = [_per_iteration(trips, made_points[key[0]].rows, True, False, bool)
+                  for key in sorted(masked)]
         stacked_out = tuple(k for k in exported if k not in finals)
         # An op that runs at some iterations only (an outer statement of a nest) comes out
         # stacked per run, not per iteration: the scan writes each run's value at its row.
         sparse = tuple((key, len(made_points[key[0]].rows)) for key in stacked_out
                        if len(made_points[key[0]].rows) < trips)
-        rows_at = []
-        for key, count in sparse:
-            rows_at.append(np.full(trips, count, np.int32))
-            rows_at[-1][made_points[key[0]].rows] = np.arange(count)
+        rows_at = [_per_iteration(trips, made_points[key[0]].rows, np.arange(count), count, np.int32)
+                   for key, count in sparse]
         plan = Plan(slots, carries, tuple(sorted(masked)), stacked_out, sparse, finals, consts, stacked,
                     branches, active, rows_at, init, trips, tuple(bool(len(it)) for it, _ in runs),
                     made_points, self._later(instances, outside))
         return _Template(groups, reads, taken, fetches, outside, zeros, plan)
+
+    def output_type(self, key: tuple[int, int]) -> tuple[tuple[int, ...], str]:
+        """The shape and dtype of output ``key`` of a body op."""
+        out = self.execs[self.positions[key[0]]][0].outputs[key[1]]
+        return tuple(int(d.evaluate(self.bounds)) for d in out.shape), out.dtype
 
     def _taken(self, runs: list) -> dict[int, np.ndarray]:
         """Per merge, the branch each of its points takes (once per kind of merge)."""
@@ -596,6 +593,14 @@ class LoopPlanner:
                 moved.append(Reads(r.edge, r.iterations, coords, r.made_at, r.fits))
             reads.append(moved)
         return reads
+
+
+def _per_iteration(trips: int, at: Any, values: Any, fill: Any, dtype: Any) -> np.ndarray:
+    """An array over an entry's iterations: ``values`` at iterations ``at``, ``fill``
+    elsewhere."""
+    out = np.full(trips, fill, dtype)
+    out[at] = values
+    return out
 
 
 def _latest(when: np.ndarray, iterations: np.ndarray, inclusive: bool) -> np.ndarray:

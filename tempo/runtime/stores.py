@@ -173,10 +173,10 @@ class PointStore:
             return
         data, rows = self.data, self.data.rows
         held = data.keys() & points
-        waiting = rows.keys() & points if rows else set()
+        waiting = rows.keys() & points if rows else set()  # a point is in one or the other
         deque(map(data.pop, held), maxlen=0)  # pop each, without a Python loop
-        deque(map(rows.pop, waiting - held), maxlen=0)
-        freed = len(held | waiting)
+        deque(map(rows.pop, waiting), maxlen=0)
+        freed = len(held) + len(waiting)
         self.stats.live -= freed
         self.bytes.now -= freed * self.point_bytes
 
