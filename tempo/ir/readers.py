@@ -32,8 +32,9 @@ class ReaderSum:
     leading slice dim of ``g``, the position of the sliced dim in the op's domain with the
     slice's start over the sink dims (position None: the axis is kept whole, as where a
     parallel dim was laid out); ``g_dims`` are the positions in ``sink_dims`` of the dims
-    ``g`` varies over. ``lead``: each ``g`` has a leading stacked axis (a parallel dim laid
-    out) before those, ``"keep"`` to keep it, ``"sum"`` to sum it away.
+    ``g`` varies over. ``lead``: one entry per leading stacked axis each ``g`` has before
+    those (a dim laid out by ``tempo.passes.parallel`` or ``tempo.passes.vectorize``),
+    ``"keep"`` to keep it, ``"sum"`` to sum it away.
     """
 
     sink_dims: tuple[Symbol, ...]
@@ -41,7 +42,7 @@ class ReaderSum:
     sink_cond: Expr
     offsets: tuple[tuple[int | None, Expr], ...]
     g_dims: tuple[int, ...]
-    lead: str = ""
+    lead: tuple[str, ...] = ()
 
     def symbols(self) -> frozenset[Symbol]:
         """Bound symbols the sum refers to (the op's dims are implied by its domain)."""
@@ -60,7 +61,8 @@ def compile_reader_sum(reads: ReaderSum, domain: tuple[Symbol, ...],
     starts = compile_function([s for _, s in reads.offsets], reads.sink_dims, bounds)
     positions = [k for k, _ in reads.offsets]
     g_dims = reads.g_dims
-    summed, kept = reads.lead == "sum", (slice(None),) if reads.lead == "keep" else ()
+    summed = tuple(k for k, lead in enumerate(reads.lead) if lead == "sum")
+    kept = tuple(slice(None) for lead in reads.lead if lead == "keep")
 
     def accumulate(q: tuple[int, ...], read: PointRead) -> Any:
         axes = [range(e.start, e.stop) if isinstance(e, slice) else (e,) for e in inverse(*q)]
@@ -70,7 +72,7 @@ def compile_reader_sum(reads: ReaderSum, domain: tuple[Symbol, ...],
                 continue
             value = read(tuple(p[k] for k in g_dims))
             if summed:
-                value = value.sum(0)
+                value = value.sum(summed)
             index = tuple(slice(None) if k is None else q[k] - start
                           for k, start in zip(positions, starts(*p)))
             value = value[(*kept, *index)]

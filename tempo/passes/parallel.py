@@ -39,17 +39,19 @@ from typing import TYPE_CHECKING, Any
 import islpy as isl
 
 from tempo.ir.graph import SDG, Edge, Op
-from tempo.ir.ops import op_def, param_symbols
+from tempo.ir.ops import param_symbols
 from tempo.ir.readers import ReaderSum
-from tempo.passes.rewrite import (
-    needed_by_op,
-    recomputed_needed,
-    row_index_op,
-    without_unreached,
+from tempo.passes.contract import (
+    contracted_matmuls,
+    input_type,
+    summed_reader_sum,
+    sums_every_point,
+    without_sink_dim,
 )
-from tempo.passes.vectorize import RULE_KINDS, Rule, StackingRewriter, checked_rule, input_type, stacked
+from tempo.passes.rewrite import needed_by_op, recomputed_needed, without_unreached
+from tempo.passes.vectorize import RULE_KINDS, Rule, StackingRewriter, checked_rule, stacked
 from tempo.schedule.polyhedral import Polyhedral
-from tempo.symbolic.expr import IndexEntry, Slice, Symbol, const
+from tempo.symbolic.expr import Slice, Symbol, const
 
 if TYPE_CHECKING:
     from tempo.passes import PassState
@@ -66,7 +68,8 @@ def vectorize_parallel_dims(graph: SDG, state: PassState) -> SDG:
         if blocker is not None:
             state.notes.append(f"parallel: {dim.name} stays a loop: {blocker}")
             continue
-        contracted = _contracted_matmuls(graph, rules, dim, state.keep)
+        contracted = contracted_matmuls(graph, rules, dim, size, state.bounds, state.keep,
+                                        lambda e, d=dim: _is_row(e, d))
         graph = _Rewriter(graph, dim, size, state.bounds, rules, state.next_id,
                           contracted=contracted).rewrite()
         state.next_id = max(graph.ops) + 1
@@ -169,7 +172,7 @@ def _reader_sum_rule(op: Op, edge: Edge, dim: Symbol, size: int,
         if dim not in edge.src.domain or reads.inverse[s] is not dim:
             return None
         offsets = tuple((_shifted(k, at), start) for k, start in reads.offsets)
-        new = _without_sink_dim(reads, s, offsets)
+        new = without_sink_dim(reads, s, offsets, ("keep",))
     else:  # readers without ``dim`` read all of it through a window: keep that axis whole
         windows = [n for n, (k, _) in enumerate(reads.offsets) if k == at]
         if len(windows) != 1 or dim in edge.src.domain:
@@ -187,55 +190,13 @@ def _shifted(k: int | None, removed: int) -> int | None:
     return k if k is None or k < removed else k - 1
 
 
-def _without_sink_dim(reads: ReaderSum, s: int, offsets: tuple, lead: str = "keep") -> ReaderSum:
-    """``reads`` with sink dim ``s`` gone, each ``g`` read with a leading stacked axis
-    (``lead``: kept, or summed where every point of the dim read the same source point)."""
-    g_dims = tuple(k if k < s else k - 1 for k in reads.g_dims if k != s)
-    return ReaderSum(reads.sink_dims[:s] + reads.sink_dims[s + 1:],
-                     reads.inverse[:s] + reads.inverse[s + 1:], reads.sink_cond, offsets, g_dims,
-                     lead=lead)
-
-
 def _summable(op: Op, edge: Edge, dim: Symbol, size: int, bounds: dict[Symbol, int]) -> bool:
     """A gradient without ``dim`` can sum its readers' stacked slices when, if they are
     over ``dim`` and stacked, every point of ``dim`` read it."""
     reads: ReaderSum = op.params["reads"]
     if dim not in edge.src.domain or dim not in reads.sink_dims:
         return True
-    entry = reads.inverse[reads.sink_dims.index(dim)]
-    return isinstance(entry, Slice) and dim not in reads.sink_cond.symbols() and not reads.lead \
-        and entry.start.substitute(bounds) is const(0) and entry.stop.substitute(bounds) is const(size)
-
-
-def _summed_reader_sum(op: Op, dim: Symbol, lead: str) -> Op:
-    """A gradient without ``dim`` whose readers were over it: every reader ``b`` read this
-    point, and their slices now come stacked, so each is summed over that axis (``lead``
-    "sum"), or come summed already (a contracted matmul, ``lead`` "")."""
-    reads: ReaderSum = op.params["reads"]
-    s = reads.sink_dims.index(dim)
-    new = _without_sink_dim(reads, s, reads.offsets, lead=lead)
-    return replace(op, params={**op.params, "reads": new})
-
-
-def _contracted_matmuls(graph: SDG, rules: dict[int, Rule], dim: Symbol, keep: set[int]) -> set[int]:
-    """Matmuls over ``dim`` read only by gradient sums over every point of it (a shared
-    weight's gradient, autodiff's per-point ``x^T g``): laid out, each becomes one matmul
-    contracting over the dim, ``(m, B k) @ (B k, n)``, instead of ``B`` stacked products
-    that the reader sum then adds up."""
-    consumers = graph.consumers()
-    out: set[int] = set()
-    for op in graph.ops.values():
-        if op.kind != "matmul" or op.id not in rules or op.id in keep:
-            continue
-        edges = graph.in_edges(op)
-        if not all(_is_row(e, dim) and not e.slices and input_type(e).ndim == 2 for e in edges):
-            continue
-        readers = consumers[op.id]
-        if readers and all(e.sink.kind == "sum_readers" and dim not in e.sink.domain
-                           and dim in e.sink.params["reads"].sink_dims
-                           and not e.sink.params["reads"].lead for e in readers):
-            out.add(op.id)
-    return out
+    return sums_every_point(op, edge, dim, size, bounds)
 
 
 # ---- rewriting ------------------------------------------------------------------------------
@@ -249,7 +210,7 @@ class _Rewriter(StackingRewriter):
             if op.kind == "sum_readers":
                 (edge,) = self.graph.in_edges(op)
                 if edge.src.id in self.rules and self.dim in op.params["reads"].sink_dims:
-                    return _summed_reader_sum(op, self.dim, "" if edge.src.id in self.contracted else "sum")
+                    return summed_reader_sum(op, self.dim, edge.src.id in self.contracted)
             return op
         requires = tuple((c, what) for c, what in op.requires if self.dim not in c.symbols())
         outputs = op.outputs if op.id in self.contracted else \
@@ -268,7 +229,7 @@ class _Rewriter(StackingRewriter):
         if sink.kind == "sum_readers":  # it reads its input at the points its params name
             return direct
         if edge.sink.id in self.contracted:
-            return self._contraction_operand(direct, edge.sink_in)
+            return self._contraction_operand(edge)
         windows = sum(1 for e in rest if isinstance(e, Slice))  # the read's axes before the stacked one
         if edge.sink.id in self.rules and entry is self.dim:  # a row: the stacked axis goes first
             moved = self._moved(direct, windows, 0)
@@ -283,14 +244,10 @@ class _Rewriter(StackingRewriter):
         before = sum(1 for e in edge.phi[:at] if isinstance(e, Slice))  # where the window over dim was
         return self._broadcast_into_merge(self._moved(direct, windows, before))
 
-    def _contraction_operand(self, edge: Edge, operand: int) -> Edge:
-        """A contracted matmul's operand, stacked ``(B, m, k)`` or ``(B, k, n)``, as the
-        ``(m, B k)`` or ``(B k, n)`` matrix whose product sums the ``B`` products."""
-        size, (rows, cols) = self.size, (d.value for d in input_type(edge).shape[1:])
-        if operand == 0:
-            edge = self._through(edge, "permute", {"dims": (1, 0, 2)})
-            return self._through(edge, "reshape", {"shape": (const(rows), const(size * cols))})
-        return self._through(edge, "reshape", {"shape": (const(size * rows), const(cols))})
+    def _stacked_read(self, read: Edge) -> Edge:
+        at = read.src.domain.index(self.dim)
+        return Edge(self.ops[read.sink.id], read.sink_in, self.ops[read.src.id], read.src_out,
+                    (*read.phi[:at], *read.phi[at + 1:]))
 
     def _broadcast_into_merge(self, edge: Edge) -> Edge:
         """A laid-out merge's branch read the same for every point of the dim: broadcast
@@ -312,21 +269,6 @@ class _Rewriter(StackingRewriter):
         order = [k for k in range(rank) if k != axis]
         order.insert(to, axis)
         return self._through(edge, "permute", {"dims": tuple(order)})
-
-    def _through(self, edge: Edge, kind: str, params: dict[str, Any],
-                 index: IndexEntry | None = None) -> Edge:
-        """``edge`` read through a new ``kind`` op over the sink's domain."""
-        sink = edge.sink
-        read = Edge(sink, 0, edge.src, edge.src_out, edge.phi)
-        inputs = [read]
-        if index is not None:
-            index_op = self._add(row_index_op(self._new_id(), index.substitute(self.bounds), sink.domain,
-                                              sink.site), [])
-            inputs.append(Edge(sink, 1, index_op, 0, index_op.domain))
-        (out,) = op_def(kind).infer(*(input_type(e) for e in inputs), **params)
-        op = self._add(Op(self._new_id(), kind, params, sink.domain, (out,), sink.site,
-                          f"{edge.src.label or edge.src.kind}_{kind}"), inputs)
-        return Edge(sink, edge.sink_in, op, 0, sink.domain, edge.cond)
 
     def _padded(self, edge: Edge, original: Edge) -> Edge:
         """A row read through the unit dims after the stacked axis that its rule adds."""

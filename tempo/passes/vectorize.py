@@ -39,8 +39,16 @@ from typing import TYPE_CHECKING, Any
 
 from tempo.errors import ShapeError
 from tempo.ir.graph import SDG, Edge, Op
-from tempo.ir.ops import normalize_dim, param_symbols
+from tempo.ir.ops import normalize_dim, op_def, param_symbols
 from tempo.ir.types import TensorType
+from tempo.passes.contract import (
+    contracted_matmuls,
+    contraction_steps,
+    input_type,
+    matrix_source,
+    summed_reader_sum,
+    sums_every_point,
+)
 from tempo.passes.rewrite import (
     add_with_inputs,
     needed_at_every_step,
@@ -99,7 +107,13 @@ def _vectorize(graph: SDG, state: PassState, dim: Symbol, size: int) -> tuple[SD
     chosen = _vectorizable(graph, state, dim)
     if not chosen:
         return graph, 0
-    out = _Rewriter(graph, dim, size, state.bounds, chosen, state.next_id).rewrite()
+    contracted = contracted_matmuls(graph, chosen, dim, size, state.bounds, state.keep,
+                                    lambda e: _read_kind(e, dim) == "row")
+    summed = {op.id for op in graph.ops.values() if op.kind == "sum_readers"
+              and graph.in_edges(op)[0].src.id in chosen
+              and sums_every_point(op, graph.in_edges(op)[0], dim, size, state.bounds)}
+    out = _Rewriter(graph, dim, size, state.bounds, chosen, state.next_id,
+                    contracted=contracted, summed=summed).rewrite()
     state.next_id = max(out.ops) + 1
     out = without_unreached(out, state.keep)
     state.needed = recomputed_needed(out, state)
@@ -196,13 +210,6 @@ def _same_outer_point(edge: Edge, dim: Symbol) -> bool:
             if shift.is_const and shift.value != 0:
                 return False
     return True
-
-
-def input_type(edge: Edge) -> TensorType:
-    """What the sink reads through ``edge``: the source's type under its windows' sizes."""
-    t = edge.src.outputs[edge.src_out]
-    sizes = tuple(edge.phi[k].size for k in edge.slices)
-    return TensorType((*sizes, *t.shape), t.dtype)
 
 
 # ---- rules ----------------------------------------------------------------------------------
@@ -345,19 +352,57 @@ class StackingRewriter:
         self.next_id += 1
         return self.next_id - 1
 
+    def _through(self, edge: Edge, kind: str, params: dict[str, Any],
+                 index: IndexEntry | None = None) -> Edge:
+        """``edge`` read through a new ``kind`` op over the sink's domain."""
+        sink = edge.sink
+        read = Edge(sink, 0, edge.src, edge.src_out, edge.phi)
+        inputs = [read]
+        if index is not None:
+            index_op = self._add(row_index_op(self._new_id(), index.substitute(self.bounds), sink.domain,
+                                              sink.site), [])
+            inputs.append(Edge(sink, 1, index_op, 0, index_op.domain))
+        (out,) = op_def(kind).infer(*(input_type(e) for e in inputs), **params)
+        op = self._add(Op(self._new_id(), kind, params, sink.domain, (out,), sink.site,
+                          f"{edge.src.label or edge.src.kind}_{kind}"), inputs)
+        return Edge(sink, edge.sink_in, op, 0, sink.domain, edge.cond)
+
+    def _contraction_operand(self, original: Edge) -> Edge:
+        """The operand ``original`` reads of a contracted matmul, read stacked as the
+        matrix whose product sums the products of every point (``tempo.passes.contract``)."""
+        read, transposed = matrix_source(self.graph, original)
+        edge = self._stacked_read(read)
+        for kind, params in contraction_steps(input_type(original), original.sink_in, transposed,
+                                              self.size):
+            edge = self._through(edge, kind, params)
+        return edge
+
+    def _stacked_read(self, read: Edge) -> Edge:
+        """``read`` (of a source at the dim itself, in the old graph) as the new sink's
+        read of every row of it, stacked first."""
+        raise NotImplementedError
+
 
 @dataclass
 class _Rewriter(StackingRewriter):
+    contracted: set[int] = field(default_factory=set)
+    """Matmuls that contract over the dim (``tempo.passes.contract``)."""
+    summed: set[int] = field(default_factory=set)
+    """Reader sums that sum their vectorized input's stacked axis."""
     adapters: dict[tuple, Op] = field(default_factory=dict)
 
     def _new_op(self, op: Op) -> Op:
+        if op.id in self.summed:
+            (edge,) = self.graph.in_edges(op)
+            return summed_reader_sum(op, self.dim, edge.src.id in self.contracted)
         return self._vectorized(op) if op.id in self.rules else op
 
     def _vectorized(self, op: Op) -> Op:
         rule = self.rules[op.id]
+        outputs = op.outputs if op.id in self.contracted else \
+            tuple(stacked(t, self.size, 0) for t in op.outputs)
         return Op(op.id, rule.kind or op.kind, rule.params, tuple(d for d in op.domain if d is not self.dim),
-                  tuple(stacked(t, self.size, 0) for t in op.outputs), op.site, op.label,
-                  requires=op.requires)
+                  outputs, op.site, op.label, requires=op.requires)
 
     def _edge(self, edge: Edge) -> Edge:
         sink, src = self.ops[edge.sink.id], self.ops[edge.src.id]
@@ -367,18 +412,26 @@ class _Rewriter(StackingRewriter):
             if sink_vec and _read_kind(edge, self.dim) == "row":
                 at = edge.src.domain.index(self.dim)
                 phi = (*phi[:at], Slice(const(0), const(self.size)), *phi[at + 1:])
-                return self._padded(Edge(sink, edge.sink_in, src, edge.src_out, phi), edge)
+                return self._stacked_row(Edge(sink, edge.sink_in, src, edge.src_out, phi), edge)
             return Edge(sink, edge.sink_in, src, edge.src_out, phi, edge.cond)
         at = edge.src.domain.index(self.dim)
         entry, rest = edge.phi[at], (*edge.phi[:at], *edge.phi[at + 1:])
         if sink_vec and entry is self.dim:
-            return self._padded(Edge(sink, edge.sink_in, src, edge.src_out, rest), edge)
+            return self._stacked_row(Edge(sink, edge.sink_in, src, edge.src_out, rest), edge)
+        if edge.sink.id in self.summed:  # the stacked contributions, summed by the reader sum
+            return Edge(sink, edge.sink_in, src, edge.src_out, rest, edge.cond)
         if edge.sink.kind == "sum_readers":  # it reads its input at the points its params name
             return Edge(sink, edge.sink_in, self._unstacked(edge, src), 0, edge.phi, edge.cond)
         if self._whole(entry):
             return Edge(sink, edge.sink_in, src, edge.src_out, rest, edge.cond)
         adapter = self._adapter(edge, src, rest, entry, sink.domain)
         return Edge(sink, edge.sink_in, adapter, 0, adapter.domain, edge.cond)
+
+    def _stacked_read(self, read: Edge) -> Edge:
+        at = read.src.domain.index(self.dim)
+        whole = () if read.src.id in self.rules else (Slice(const(0), const(self.size)),)
+        phi = (*read.phi[:at], *whole, *read.phi[at + 1:])
+        return Edge(self.ops[read.sink.id], read.sink_in, self.ops[read.src.id], read.src_out, phi)
 
     def _whole(self, entry: IndexEntry) -> bool:
         """Whether ``entry`` is the window of every step."""
@@ -387,6 +440,13 @@ class _Rewriter(StackingRewriter):
 
     def _concrete(self, e: Expr) -> Expr:
         return e.substitute(self.bounds)
+
+    def _stacked_row(self, edge: Edge, original: Edge) -> Edge:
+        """``edge``, a row read by a vectorized op now reading every row stacked, as that
+        op's rule needs it."""
+        if original.sink.id in self.contracted:
+            return self._contraction_operand(original)
+        return self._padded(edge, original)
 
     def _padded(self, edge: Edge, original: Edge) -> Edge:
         """``edge`` (a row read by a vectorized op) through the unit dims its rule adds."""
