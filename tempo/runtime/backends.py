@@ -10,10 +10,15 @@ import numpy as np
 from tempo.errors import TempoError
 from tempo.ir.graph import Op
 from tempo.ir.ops import op_def
+from tempo.runtime.stores import ALIGNMENT
 
 DeviceKernel = Callable[..., Any]  # (params, *inputs) -> array or tuple
 SMALL_HOST_BYTES = 1024
 """Host values up to this size are not moved to the JAX device (see ``from_host``)."""
+VIEW_MIN_BYTES = 1 << 16
+"""Block-store rows at least this large are handed to JAX kernels as device arrays over
+the host buffer (``JaxBackend.view_of_host``); below it ``device_put`` costs more than the
+copy a kernel makes."""
 
 
 class NumpyBackend:
@@ -27,6 +32,9 @@ class NumpyBackend:
 
     def from_host(self, value: np.ndarray) -> Any:
         return value
+
+    def view_of_host(self, rows: np.ndarray) -> np.ndarray:
+        return rows
 
     def to_host(self, value: Any) -> np.ndarray:
         return np.asarray(value)
@@ -149,6 +157,17 @@ class JaxBackend:
 
     def to_host(self, value: Any) -> np.ndarray:
         return np.asarray(value)
+
+    def view_of_host(self, rows: np.ndarray) -> Any:
+        """Rows of a block store's host buffer as kernels read them. On CPU a large
+        aligned, contiguous slice becomes a device array over the same memory
+        (``jax.device_put`` adopts it; a jitted kernel given the NumPy array would copy it
+        at every call, and several calls in flight hold a copy each); other rows stay
+        NumPy arrays, which kernels convert."""
+        if self._on_cpu and rows.nbytes >= VIEW_MIN_BYTES and rows.flags.c_contiguous \
+                and rows.ctypes.data % ALIGNMENT == 0:
+            return self.jax.device_put(rows)
+        return rows
 
     def stack(self, values: list[Any]) -> Any:
         """One array of ``values``. On CPU through NumPy (device arrays are host memory

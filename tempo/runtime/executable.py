@@ -352,7 +352,7 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
     inner_slices = op.domain and any(isinstance(e.phi[-1], Slice) for e in readers)
     if shape is not None and inner_slices:
-        return BlockStore(stats, bounds[bound_of[op.domain[-1]]], shape, t.dtype)
+        return BlockStore(stats, bounds[bound_of[op.domain[-1]]], shape, t.dtype, backend.view_of_host)
 
     def empty(sizes: tuple[int, ...]) -> Any:
         if shape is None:

@@ -13,15 +13,28 @@ import numpy as np
 
 @dataclass
 class Bytes:
-    """Bytes held now and at the peak."""
+    """Bytes held now, and at the peak of the current window (the run, unless
+    ``restart`` began a new one) and of the whole run."""
 
     now: int = 0
     peak: int = 0
+    earlier: int = 0
+    """The highest peak of the windows before the current one."""
 
     def add(self, nbytes: int) -> None:
         self.now += nbytes
         if self.now > self.peak:
             self.peak = self.now
+
+    @property
+    def run_peak(self) -> int:
+        return max(self.earlier, self.peak)
+
+    def restart(self) -> int:
+        """The current window's peak; a new window begins at what is held now."""
+        peak = self.peak
+        self.earlier, self.peak = max(self.earlier, peak), self.now
+        return peak
 
 
 @dataclass
@@ -45,7 +58,7 @@ class MemoryStats:
 
     @property
     def peak_device_bytes(self) -> int:
-        return self.device.peak
+        return self.device.run_peak
 
     @property
     def host_bytes(self) -> int:
@@ -53,7 +66,12 @@ class MemoryStats:
 
     @property
     def peak_host_bytes(self) -> int:
-        return self.host.peak
+        return self.host.run_peak
+
+    def restart_byte_peaks(self) -> tuple[int, int]:
+        """Peak device and host bytes since the previous call (or the run's start); the
+        next window begins now (a training run's metrics give each iteration's peaks)."""
+        return self.device.restart(), self.host.restart()
 
 
 class _Points(dict):
@@ -209,6 +227,19 @@ class SwappedStore(PointStore):
         return lambda index: from_host(read(index))
 
 
+ALIGNMENT = 64
+"""Bytes block buffers are aligned to: XLA's CPU client adopts a 64-byte-aligned host
+array as a device buffer without copying it (``jax.device_put``)."""
+
+
+def aligned_zeros(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` starting at a multiple of ``ALIGNMENT`` bytes."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def _empty(index: tuple) -> bool:
     return any(isinstance(i, slice) and i.stop <= i.start for i in index)
 
@@ -224,8 +255,12 @@ class BlockStore:
     them static.
     """
 
-    def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str):
+    def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
+                 view: Callable[[np.ndarray], Any] = lambda rows: rows):
         self.stats = stats
+        self.view = view
+        """How a slice read leaves the store (``JaxBackend.view_of_host``: the rows as a
+        device array without a copy where the device is this host's memory)."""
         self.length, self.shape, self.dtype = length, shape, dtype
         self.blocks: dict[tuple[int, ...], Any] = {}
         self.live: dict[tuple[int, ...], set[int]] = {}
@@ -262,7 +297,7 @@ class BlockStore:
         """The buffer of ``prefix``, allocated at its first write."""
         block = self.blocks.get(prefix)
         if block is None:
-            block = self.blocks[prefix] = np.zeros((self.length, *self.shape), self.dtype)
+            block = self.blocks[prefix] = aligned_zeros((self.length, *self.shape), self.dtype)
             self.live[prefix], self.produced[prefix] = set(), set()
             self.stats.host.add(block.nbytes)
         return block
@@ -293,8 +328,8 @@ class BlockStore:
             axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in prefix]
             sizes = tuple(len(a) for a in axes if isinstance(a, range))
             rows = [self.blocks[p][last] for p in itertools.product(*axes)]
-            return np.stack(rows).reshape(sizes + tuple(rows[0].shape))
-        return self.blocks[prefix][last]
+            return self.view(np.stack(rows).reshape(sizes + tuple(rows[0].shape)))
+        return self.view(self.blocks[prefix][last])
 
     def free(self, point: tuple[int, ...]) -> None:
         prefix, k = point[:-1], point[-1]
