@@ -33,6 +33,10 @@ def main(cfg: DictConfig) -> float:
     print(f"{cfg.algorithm.name} on {cfg.env.id}: mean return of the last 20 episodes {mean:.1f} "
           f"({len(result.episode_returns)} episodes; compile {result.compile_seconds:.1f} s, "
           f"run {result.run_seconds:.1f} s) -> {out_dir}")
+    peaks = result.memory
+    print(f"peak memory: {peaks['device_peak_mb']:.0f} MiB stored on the device, "
+          f"{peaks['host_peak_mb']:.0f} MiB stored in host memory, {peaks['rss_peak_mb']:.0f} MiB "
+          f"process RSS")
     return mean
 
 

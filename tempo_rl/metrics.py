@@ -3,18 +3,30 @@
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from tempo.runtime.stores import MemoryStats
 from tempo_rl.envs import Env
+
+MIB = 1 << 20
 
 FLUSH_SECONDS = 1.0
 """An iteration's events reach the disk at most this long after it (and all at the end):
 a flush per iteration costs about 1 ms (a write and an fsync), a share of a small
 iteration."""
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 class MetricLogger:
@@ -40,6 +52,8 @@ class MetricLogger:
         self._seen_episodes = 0
         self._clock = time.perf_counter()
         self.history: list[dict[str, float]] = []
+        self.memory: Callable[[], MemoryStats] | None = None
+        """The running program's memory counters (``Executable.stats``), once compiled."""
 
     def start(self) -> None:
         """The run begins now (after compiling): SPS and the progress bar count from here."""
@@ -64,6 +78,7 @@ class MetricLogger:
             lengths = self.env.episode_lengths[self._seen_episodes:]
             row["charts/episodic_length"] = sum(lengths) / len(lengths)
         row["charts/episodes"] = len(finished)
+        row.update(self._memory_row())
         recent = self.env.episode_returns[-20:]
         self._seen_episodes = len(self.env.episode_returns)
         self._scalars(row, step)
@@ -78,6 +93,15 @@ class MetricLogger:
         if self.bar is not None:
             self.bar.set_postfix(ret=shown, SPS=f"{row['charts/SPS']:.0f}")
             self.bar.update(1)
+
+    def _memory_row(self) -> dict[str, float]:
+        """Peak bytes the program's stores held in the iteration (device and host memory,
+        ``tempo.runtime.stores.MemoryStats``) and the process's peak RSS so far, in MiB."""
+        row = {"memory/rss_peak_mb": peak_rss_bytes() / MIB}
+        if self.memory is not None:
+            device, host = self.memory().restart_byte_peaks()
+            row["memory/device_peak_mb"], row["memory/host_peak_mb"] = device / MIB, host / MIB
+        return row
 
     def _scalars(self, row: dict[str, float], step: int) -> None:
         """The iteration's scalars as one TensorBoard event (an event per scalar costs

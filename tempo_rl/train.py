@@ -17,7 +17,7 @@ from tempo.api import checkpoint
 from tempo_rl.algorithms import TrainProgram, algorithm
 from tempo_rl.envs import BraxEnv, Env, GymnasiumEnv, GymnaxEnv, NormalizedObservations, SyntheticEnv
 from tempo_rl.envs.normalize import STATE_PREFIX
-from tempo_rl.metrics import MetricLogger
+from tempo_rl.metrics import MIB, MetricLogger, peak_rss_bytes
 
 
 @dataclass
@@ -29,6 +29,8 @@ class TrainResult:
     checkpoint: Path | None
     compile_notes: list[str] = field(default_factory=list)
     """What the compiler's passes did (``exe.report.notes``)."""
+    memory: dict[str, float] = field(default_factory=dict)
+    """Peak MiB over the run: the stores' device and host bytes, the process's RSS."""
 
     def mean_return(self, last: int = 20) -> float:
         """Mean episodic return over the ``last`` finished episodes."""
@@ -132,6 +134,7 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
                       memory=tp.MemoryPolicy(**cfg.get("memory", {})),
                       loops=tp.LoopPolicy(str(cfg.get("loops") or "timed")))
     compiled = time.perf_counter()
+    logger.memory = lambda: exe.stats
     if cfg.get("compile_report"):
         print(exe.report)
     profile = tp.RunProfile() if cfg.get("profile") else None
@@ -145,9 +148,11 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     if cfg.get("compile_report") or profile is not None:
         for choice in exe.loop_choices.values():
             print(choice)
+    memory = {"device_peak_mb": exe.stats.peak_device_bytes / MIB,
+              "host_peak_mb": exe.stats.peak_host_bytes / MIB, "rss_peak_mb": peak_rss_bytes() / MIB}
     return TrainResult(list(env.episode_returns), logger.history, compiled - start,
                        time.perf_counter() - compiled, target if target.exists() else None,
-                       exe.report.notes)
+                       exe.report.notes, memory)
 
 
 def _save_checkpoints(program: TrainProgram, env: Env, cfg: dict[str, Any], target: Path,
