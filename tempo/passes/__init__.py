@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from tempo.ir.graph import SDG
+from tempo.passes.accumulate import accumulate_sums
 from tempo.passes.copies import propagate_copies
 from tempo.passes.dedup import merge_duplicates
 from tempo.passes.domains import reduce_domains
@@ -60,6 +61,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("parallel", vectorize_parallel_dims),  # parallel dims laid out spatially (tempo.passes.parallel)
     ("lift", lift_recurrences),      # sums over time become cumsums (tempo.passes.lift)
     ("vectorize", vectorize_innermost_dim),  # the innermost dim laid out spatially (tempo.passes.vectorize)
+    ("accumulate", accumulate_sums),  # stepwise gradient sums kept running (tempo.passes.accumulate)
     ("fusion", fusion),
 ]
 

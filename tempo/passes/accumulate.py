@@ -1,0 +1,135 @@
+"""Gradient sums over the innermost dim, accumulated step by step.
+
+Autodiff sums the contributions of every reading point into a ``sum_readers`` op: a
+weight read at each step ``t`` of an iteration gets ``sum_t g[t]``. Where ``t`` was
+vectorized (``tempo.passes.vectorize``) that sum is one op over the stacked steps. Where it
+was not (a schedule that learns while it acts, or ops on a recurrence), the reader sum
+would run once all ``T`` contributions exist, and each contribution, as large as the
+weight, would wait for it: memory linear in ``T``. This pass makes each such sum a running
+sum over ``t``,
+
+    acc[t == a] = g[a];    acc[t] = acc[t-1] + g[t];    sum = acc[b-1]   (steps a..b-1),
+
+so a contribution is added as soon as it is made and freed after, and the schedule keeps
+one accumulator whatever ``T`` is. The additions are the ones the reader sum made.
+
+A reader sum qualifies when it sums one range of steps of ``t`` (every step its
+condition allows) at the op's own point of its other dims, reads no window
+(``offsets``), and its stacked leading axes (dims laid out by ``tempo.passes.parallel``)
+are all summed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tempo.ir.graph import SDG, Edge, Op
+from tempo.ir.readers import ReaderSum
+from tempo.ir.types import TensorType
+from tempo.passes.rewrite import add_with_inputs, recomputed_needed, without_unreached
+from tempo.symbolic.expr import TRUE, Slice, Symbol
+
+if TYPE_CHECKING:
+    from tempo.passes import PassState
+
+
+def accumulate_sums(graph: SDG, state: PassState) -> SDG:
+    """``graph`` with each qualifying reader sum over the innermost dim made a running
+    sum (module doc); ``state.needed`` is recomputed for the new graph."""
+    dim = list(state.bound_of)[-1] if state.bound_of else None
+    size = state.bounds.get(state.bound_of[dim]) if dim is not None else None
+    # An output keeps its id, points and type: the result is an identity op in its place.
+    chosen = [op for op in graph.ops.values() if size is not None
+              and _accumulable(graph, op, dim, size, state.bounds)] if dim is not None else []
+    if not chosen:
+        state.notes.append("accumulate: 0 gradient sums accumulated")
+        return graph
+    out = _rebuild(graph, {op.id for op in chosen}, dim, state)
+    state.needed = recomputed_needed(out, state)
+    state.notes.append(f"accumulate: {len(chosen)} gradient sums over {dim.name} accumulated "
+                       f"step by step")
+    return out
+
+
+def _accumulable(graph: SDG, op: Op, dim: Symbol, size: int, bounds: dict[Symbol, int]) -> bool:
+    if op.kind != "sum_readers" or op.when is not TRUE:
+        return False
+    reads: ReaderSum = op.params["reads"]
+    (edge,) = graph.in_edges(op)
+    if dim not in reads.sink_dims or dim in op.domain or reads.offsets \
+            or any(lead != "sum" for lead in reads.lead):
+        return False
+    if reads.sink_dims != (*op.domain, dim):  # dim is the innermost
+        return False
+    steps = _steps(reads, dim, bounds)
+    if steps is None or not steps or edge.cond.substitute(bounds) is not TRUE:
+        return False
+    if any(entry is not d for d, entry in zip(reads.sink_dims, reads.inverse) if d is not dim):
+        return False
+    g = edge.src
+    if g.domain != tuple(reads.sink_dims[k] for k in reads.g_dims) or dim not in g.domain:
+        return False
+    summed = _summed_type(g.outputs[edge.src_out], len(reads.lead))
+    out = op.outputs[0]
+    return summed.dtype == out.dtype and len(summed.shape) == len(out.shape) \
+        and all(a is b for a, b in zip(summed.shape, out.shape))
+
+
+def _steps(reads: ReaderSum, dim: Symbol, bounds: dict[Symbol, int]) -> range | None:
+    """The steps of ``dim`` summed, when they are one range of constants at which the
+    readers' condition always holds (it may restate the range: ``t >= 1``); else None."""
+    entry = reads.inverse[reads.sink_dims.index(dim)]
+    if not isinstance(entry, Slice) or reads.sink_cond.symbols() - {dim} - set(bounds):
+        return None
+    start, stop = entry.start.substitute(bounds), entry.stop.substitute(bounds)
+    if not (start.is_const and stop.is_const):
+        return None
+    steps = range(int(start.value), int(stop.value))
+    if reads.sink_cond is not TRUE and not all(reads.sink_cond.evaluate({**bounds, dim: k}) for k in steps):
+        return None
+    return steps
+
+
+def _summed_type(t: TensorType, lead: int) -> TensorType:
+    return TensorType(t.shape[lead:], t.dtype)
+
+
+def _rebuild(graph: SDG, chosen: set[int], dim: Symbol, state: PassState) -> SDG:
+    """Each chosen reader sum as a read of the last step of a running sum placed before it."""
+    out = SDG()
+    for op in graph.ops.values():
+        if op.id in chosen:
+            _running_sum(out, op, graph.in_edges(op)[0], dim, state)
+            continue
+        out.add_op(op)
+        for edge in graph.in_edges(op):
+            out.add_edge(edge)
+    return without_unreached(out, state.keep)
+
+
+def _running_sum(out: SDG, op: Op, edge: Edge, dim: Symbol, state: PassState) -> None:
+    reads: ReaderSum = op.params["reads"]
+    domain, g = reads.sink_dims, edge.src
+    value, site, name = op.outputs[0], op.site, op.label or op.kind
+
+    def new_id() -> int:
+        state.next_id += 1
+        return state.next_id - 1
+
+    step = Edge(op, 0, g, edge.src_out, g.domain)  # the contribution of one step, read there
+    if reads.lead:
+        total = Op(new_id(), "reduce_sum", {"dims": tuple(range(len(reads.lead))), "keepdims": False},
+                   domain, (value,), site, f"{name}_step")
+        add_with_inputs(out, total, [step])
+        step = Edge(op, 0, total, 0, domain)
+    acc = Op(new_id(), "merge", {"out_type": value}, domain, (value,), site, f"{name}_acc")
+    added = Op(new_id(), "add", {}, domain, (value,), site, f"{name}_add")
+    previous = tuple(d - 1 if d is dim else d for d in domain)
+    out.add_op(acc)
+    add_with_inputs(out, added, [Edge(op, 0, acc, 0, previous), step])
+    window = reads.inverse[domain.index(dim)]
+    out.add_edge(Edge(acc, 0, step.src, step.src_out, step.phi, dim == window.start))
+    out.add_edge(Edge(acc, 1, added, 0, domain))
+    last = tuple(window.stop - 1 if d is dim else d for d in domain)
+    result = Op(op.id, "identity", {}, op.domain, op.outputs, site, op.label)
+    add_with_inputs(out, result, [Edge(result, 0, acc, 0, last)])
