@@ -17,6 +17,12 @@ from tempo_rl.envs import Env
 
 MIB = 1 << 20
 
+
+def is_measurement(name: str) -> bool:
+    """Whether metric ``name`` measures the machine (speed, memory) rather than training:
+    two runs that train alike still differ in it."""
+    return name == "charts/SPS" or name.startswith("memory/")
+
 FLUSH_SECONDS = 1.0
 """An iteration's events reach the disk at most this long after it (and all at the end):
 a flush per iteration costs about 1 ms (a write and an fsync), a share of a small

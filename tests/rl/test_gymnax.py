@@ -10,6 +10,7 @@ import numpy as np
 import tempo as tp
 from tempo_rl.config import load_config as config
 from tempo_rl.envs import GymnaxEnv
+from tempo_rl.metrics import is_measurement
 from tempo_rl.train import algorithm, algorithm_config, make_env, train
 
 
@@ -47,7 +48,7 @@ def test_donating_every_buffer_read_last_trains_bit_for_bit_the_same(tmp_path):
     assert not note.startswith("donation: 0 "), note
     assert not any(n.startswith("donation: ") for n in plain.compile_notes)
     def untimed(history: list[dict]) -> list[dict]:
-        return [{k: v for k, v in row.items() if k != "charts/SPS"} for row in history]
+        return [{k: v for k, v in row.items() if not is_measurement(k)} for row in history]
     assert untimed(donating.history) == untimed(plain.history)
     assert donating.episode_returns == plain.episode_returns
     saved = [np.load(run.checkpoint) for run in runs]
