@@ -122,3 +122,40 @@ def score(env: EnvSettings, steps_per_iteration: int, returns: list[float], last
         return float("nan")
     mean = sum(chosen) / len(chosen)
     return mean / env.episode_length if env.name == "synthetic" else mean
+
+
+# ---- tables ---------------------------------------------------------------------------------
+def fmt(x: float | None, digits: int = 2) -> str:
+    if x is None or x != x:
+        return "—"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "—" if not a or not b else f"{a / b:.2f}x"
+
+
+def render(title: str, headers: list[str], rows: list[list[str]], notes: list[str], markdown: bool,
+           text_columns: int = 1) -> str:
+    """A plain-text or Markdown table, with notes under it; the first ``text_columns``
+    columns are left-aligned, the others right-aligned."""
+    if markdown:
+        lines = [f"### {title}", "", "| " + " | ".join(headers) + " |",
+                 "|" + "|".join("---" for _ in headers) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines += [""] + [f"- {n}" for n in notes] if notes else []
+        return "\n".join(lines) + "\n"
+    # A short row (a failed cell) ends in its message, which runs on unaligned.
+    widths = [max([len(h)] + [len(r[k]) for r in rows if k < len(r) - (len(r) < len(headers))])
+              for k, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+
+    def cells(r: list[str]) -> str:
+        aligned = [c.rjust(w) if k >= text_columns else c.ljust(w) for k, (c, w) in enumerate(zip(r, widths))]
+        if len(r) < len(headers):
+            aligned[-1] = r[-1]
+        return "  ".join(aligned)
+    body = [cells(r) for r in rows]
+    return "\n".join([title, line, "-" * len(line), *body, *(f"  note: {n}" for n in notes)]) + "\n"

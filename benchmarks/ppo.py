@@ -33,7 +33,7 @@ ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import Cell, EnvSettings, Measurement, PPOSettings, score  # noqa: E402
+from benchmarks.common import Cell, EnvSettings, Measurement, PPOSettings, fmt, ratio, render, score  # noqa: E402
 
 CONFIGS: dict[str, dict[str, int]] = {
     "small": {"num_envs": 32, "num_steps": 250},
@@ -167,33 +167,6 @@ def pipeline_passes() -> list[str]:
 
 
 # ---- tables ---------------------------------------------------------------------------------
-def fmt(x: float | None, digits: int = 2) -> str:
-    if x is None or x != x:
-        return "—"
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}f}"
-
-
-def ratio(a: float | None, b: float | None) -> str:
-    return "—" if not a or not b else f"{a / b:.2f}x"
-
-
-def render(title: str, headers: list[str], rows: list[list[str]], notes: list[str], markdown: bool) -> str:
-    """A plain-text or Markdown table, with notes under it."""
-    if markdown:
-        lines = [f"### {title}", "", "| " + " | ".join(headers) + " |",
-                 "|" + "|".join("---" for _ in headers) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        lines += [""] + [f"- {n}" for n in notes] if notes else []
-        return "\n".join(lines) + "\n"
-    widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    body = ["  ".join(c.rjust(w) if k >= 2 else c.ljust(w) for k, (c, w) in enumerate(zip(r, widths)))
-            for r in rows]
-    return "\n".join([title, line, "-" * len(line), *body, *(f"  note: {n}" for n in notes)]) + "\n"
-
-
 def score_text(row: Row) -> str:
     if row.score_last is None:
         return "—"
@@ -231,7 +204,7 @@ def main_table(env_name: str, config: str, rows: list[Row], markdown: bool) -> s
              f"{c.steps_per_iteration:,} env steps/iteration, {c.warmup} warm-up + {c.iterations} "
              f"measured iterations")
     notes = sorted({f"{r.cell.label}: {r.note}" for r in rows if r.note})
-    return render(title, headers, body, notes, markdown)
+    return render(title, headers, body, notes, markdown, text_columns=2)
 
 
 def ablation_table(env_name: str, config: str, rows: list[Row], markdown: bool) -> str:
@@ -246,7 +219,7 @@ def ablation_table(env_name: str, config: str, rows: list[Row], markdown: bool) 
         body.append([r.cell.label, *measured(r), ratio(r.iteration_s, base.iteration_s),
                      ratio(r.compile_s, base.compile_s), ratio(r.peak_rss_mb, base.peak_rss_mb)])
     title = f"Ablation: Tempo (numpy backend) without its passes, PPO on {env_name}, config {config}"
-    return render(title, headers, body, [], markdown)
+    return render(title, headers, body, [], markdown, text_columns=2)
 
 
 FOOTNOTES = [
