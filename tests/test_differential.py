@@ -515,7 +515,7 @@ def test_reused_plans_are_the_plans_made_anew(monkeypatch):
             np.testing.assert_array_equal(np.asarray(got.carry_init[key]), np.asarray(made.carry_init[key]))
         assert {k: (m.rows, m.points, m.freed) for k, m in got.made.items()} == \
             {k: (m.rows, m.points, m.freed) for k, m in made.made.items()}
-        assert [(op.id, p) for op, p in got.frees] == [(op.id, p) for op, p in made.frees]
+        assert [(op.id, out, p) for op, out, p in got.frees] == [(op.id, out, p) for op, out, p in made.frees]
         compared.append(outer)
         return got
     monkeypatch.setattr(LoopPlanner, "plan", checked)

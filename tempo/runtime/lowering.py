@@ -280,12 +280,12 @@ class LoopLauncher:
         for name, st, iterations, coords in self.planner.instances(outer, space):
             points = tuples(coords, len(iterations))
             if st.kind == "free":
-                self._free(st.op, points)
+                self._free(st.op, st.freed, points)
             elif points:
                 self.planner.batched[name](coords, points)
 
-    def _free(self, op: Op, points: list[tuple]) -> None:
-        for k in range(len(op.outputs)):
+    def _free(self, op: Op, outputs: tuple[int, ...], points: list[tuple]) -> None:
+        for k in outputs:
             self.stores[(op.id, k)].free_many(points)
 
     def _run_lowered(self, plan: Plan) -> None:
@@ -304,10 +304,10 @@ class LoopLauncher:
         if self.wait_for_outputs:
             self.backend.synchronize((last, outputs))
         for key in plan.finals:  # the one kept point, made at the last iteration
-            self.stores[key].write(plan.made[key[0]].kept[1][0], last[key])
+            self.stores[key].write(plan.made[key].kept[1][0], last[key])
         sparse = {key for key, _ in plan.sparse}
         for key, values in zip(plan.exported, outputs):
-            made = plan.made[key[0]]
+            made = plan.made[key]
             if key in self.planner.blocks:  # every row, then the frees: a block is released when
                 rows = list(range(len(made.rows))) if key in sparse else made.rows  # all its rows
                 self.stores[key].write_rows(made.points, values, rows)
@@ -315,8 +315,8 @@ class LoopLauncher:
             else:
                 rows, points = made.kept
                 self.stores[key].write_rows(points, values, made.kept_runs if key in sparse else rows)
-        for op, points in plan.frees:
-            self._free(op, points)
+        for op, freed, points in plan.frees:
+            self._free(op, freed, points)
 
     def _scan(self, plan: Plan) -> Callable:
         """The loop as a function of the plan's values, for ``jax.jit``."""

@@ -104,8 +104,9 @@ class Plan:
     carry_init: dict[tuple[int, int], Any]
     trips: int
     runs: tuple[bool, ...]                     # per exec of the body: whether it runs in this entry
-    made: dict[int, Made]                     # op id -> the points it makes
-    frees: list[tuple[Op, list[tuple]]]        # frees of points made before the loop
+    made: dict[tuple[int, int], Made]          # (op id, output) -> the points it makes
+    frees: list[tuple[Op, tuple[int, ...], list[tuple]]]  # frees (op, outputs, points) of
+                                               # points made before the loop
 
     @property
     def signature(self) -> tuple:
@@ -341,27 +342,27 @@ class LoopPlanner:
         carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
         made_points, outside = self._made_and_freed(runs, instances, made)
         exported = [(op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
-                    if op.id in made_points and (not all(made_points[op.id].freed)
-                                                 or (op.id, k) in self.blocks)]
+                    if (op.id, k) in made_points and (not all(made_points[op.id, k].freed)
+                                                      or (op.id, k) in self.blocks)]
         # A value kept only from its op's last run (the state a loop leaves) comes out as
         # the scan's final carry: slicing one row of a stacked output costs a dispatch.
         finals = tuple(key for key in exported if key not in self.blocks
-                       and made_points[key[0]].kept[0] == made_points[key[0]].rows[-1:])
-        masked |= {key for key in finals if made_points[key[0]].rows[-1] != trips - 1}
+                       and made_points[key].kept[0] == made_points[key].rows[-1:])
+        masked |= {key for key in finals if made_points[key].rows[-1] != trips - 1}
         zeros = {}
         for key in (*carries, *finals, *masked):
             if key not in init:  # read only where another branch is taken at the first
                 shape, dtype = self.output_type(key)  # iteration, or final only
                 init[key] = zeros[key] = self.backend.zeros(shape, dtype)
         branches = [_per_iteration(trips, runs[pos][0], chosen, 0, np.int32) for pos, chosen in taken.items()]
-        active = [_per_iteration(trips, made_points[key[0]].rows, True, False, bool)
+        active = [_per_iteration(trips, made_points[key].rows, True, False, bool)
                   for key in sorted(masked)]
         stacked_out = tuple(k for k in exported if k not in finals)
         # An op that runs at some iterations only (an outer statement of a nest) comes out
         # stacked per run, not per iteration: the scan writes each run's value at its row.
-        sparse = tuple((key, len(made_points[key[0]].rows)) for key in stacked_out
-                       if len(made_points[key[0]].rows) < trips)
-        rows_at = [_per_iteration(trips, made_points[key[0]].rows, np.arange(count), count, np.int32)
+        sparse = tuple((key, len(made_points[key].rows)) for key in stacked_out
+                       if len(made_points[key].rows) < trips)
+        rows_at = [_per_iteration(trips, made_points[key].rows, np.arange(count), count, np.int32)
                    for key, count in sparse]
         plan = Plan(slots, carries, tuple(sorted(masked)), stacked_out, sparse, finals, consts, stacked,
                     branches, active, rows_at, init, trips, tuple(bool(len(it)) for it, _ in runs),
@@ -503,23 +504,29 @@ class LoopPlanner:
         """The points each body op makes and whether the loop frees each (those are not
         written to point stores), and per free statement which of its points were made
         before the loop (freed after it)."""
-        freed = {op_id: np.zeros(len(runs[pos][0]), bool) for op_id, (pos, _, _) in made.items()}
+        keys = {(op_id, k): pos for op_id, (pos, _, _) in made.items()
+                for k in range(len(self.execs[pos][0].outputs))}
+        freed = {key: np.zeros(len(runs[pos][0]), bool) for key, pos in keys.items()}
         outside = {}
         for n in self.frees:
-            op = self.items[n][1].op
+            st = self.items[n][1]
             iterations, coords = instances[n]
             count = len(iterations)
-            found = made[op.id][2].find(coords, count) if op.id in made else np.full(count, -1)
+            found = made[st.op.id][2].find(coords, count) if st.op.id in made else np.full(count, -1)
             if (found >= 0).any():
-                freed[op.id][found[found >= 0]] = True
+                for k in st.freed:
+                    freed[st.op.id, k][found[found >= 0]] = True
             outside[n] = found < 0
-        points = {op_id: Made(runs[pos][0].tolist(), runs[pos][1], freed[op_id].tolist())
-                  for op_id, (pos, _, _) in made.items()}
+        points = {key: Made(runs[pos][0].tolist(), runs[pos][1], freed[key].tolist())
+                  for key, pos in keys.items()}
         return points, outside
 
-    def _later(self, instances: Instances, outside: dict[int, np.ndarray]) -> list[tuple[Op, list[tuple]]]:
-        """The frees of points made before the loop, done after it: per free, its points."""
-        return [(self.items[n][1].op, tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum())))
+    def _later(self, instances: Instances, outside: dict[int, np.ndarray]
+               ) -> list[tuple[Op, tuple[int, ...], list[tuple]]]:
+        """The frees of points made before the loop, done after it: per free, its op,
+        outputs and points."""
+        return [(self.items[n][1].op, self.items[n][1].freed,
+                 tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum())))
                 for n, mask in outside.items() if mask.any()]
 
     # ---- a template's plan -----------------------------------------------------------------
@@ -554,8 +561,8 @@ class LoopPlanner:
         consts, stacked, init = self._fetch(reads, template.fetches, trips)
         for key, zeros in template.zeros.items():
             init.setdefault(key, zeros)  # the carries no stored point starts
-        made = {op_id: Made(m.rows, runs[self.positions[op_id]][1], m.freed)
-                for op_id, m in old.made.items()}
+        made = {key: Made(m.rows, runs[self.positions[key[0]]][1], m.freed)
+                for key, m in old.made.items()}
         return Plan(old.slots, old.carries, old.masked, old.exported, old.sparse, old.finals, consts,
                     stacked, old.branches, old.active, old.rows_at, init, trips, old.runs, made,
                     self._later(instances, template.outside))
@@ -564,7 +571,7 @@ class LoopPlanner:
                      ops: list) -> list[list[Reads | None]] | None:
         """The template's reads at this entry's points, or None where one of them does not
         move with the op that makes the point it reads."""
-        made = template.plan.made
+        made = {op_id for op_id, _ in template.plan.made}
         reads: list[list[Reads | None]] = []
         for pos, row in enumerate(template.reads):
             op = self.execs[pos][0]

@@ -6,7 +6,10 @@ sink point towards the latest point it reads, so isl fuses producers with consum
 (recurrences and windows alike). Memory: each stored point gets a free statement
 ``F<id>`` placed, by isl, right after its last use in the execution schedule (the lexmax
 of its readers' execution times), so memory stays bounded by what the dependences and
-the chosen order require.
+the chosen order require. An op whose outputs are last used at different times (a fused
+rollout step whose next observation is read one step later and whose flattened
+observation is read by the learner after the rollout) gets one free statement per group
+of outputs used last alike, ``F<id>_<k>`` after the group's first output ``k``.
 """
 
 from __future__ import annotations
@@ -35,10 +38,17 @@ from tempo.symbolic.isl_bridge import from_isl_ast_expr
 
 @dataclass(frozen=True)
 class Statement:
-    """What an AST statement does: execute ``op`` or free its outputs."""
+    """What an AST statement does: execute ``op`` or free its ``outputs`` (all of them
+    unless given)."""
 
     kind: str  # "exec" | "free"
     op: Op
+    outputs: tuple[int, ...] | None = None
+
+    @property
+    def freed(self) -> tuple[int, ...]:
+        """The outputs a free statement frees."""
+        return tuple(range(len(self.op.outputs))) if self.outputs is None else self.outputs
 
 
 @dataclass
@@ -96,7 +106,6 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
         poly_needed, poly_reads = needed, poly.all_reads()
     live_reads = {e: r.intersect_domain(poly_needed) for e, r in poly_reads.items()}
     statements = {name: Statement("exec", op) for name, op in poly.statements.items()}
-    statements.update({_free_name(op): Statement("free", op) for op in poly.statements.values()})
     schedule = _schedule(poly, poly_needed, live_reads)
     if schedule is None:
         concrete = Polyhedral(graph, bounds, bound_of)
@@ -107,16 +116,46 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     # are decided instead of becoming branches of the program.
     theta = schedule.get_map().intersect_domain(poly_needed)
     consumers = graph.consumers()
-    uses = {op.id: _uses(poly, op, consumers[op.id], poly_needed, live_reads, theta)
-            for op in graph.ops.values() if op.id not in kept and op.domain}
-    lasts = {op_id: _last_use(op_uses) for op_id, op_uses in uses.items() if not op_uses[None].is_empty()}
-    times = poly.fix_params(_with_frees(poly, theta, lasts))
+    uses = {(op.id, k): _uses(poly, op, [e for e in consumers[op.id] if e.src_out == k], poly_needed,
+                              live_reads, theta)
+            for op in graph.ops.values() if op.id not in kept and op.domain for k in range(len(op.outputs))}
+    lasts = {key: _last_use(key_uses) for key, key_uses in uses.items() if not key_uses[None].is_empty()}
+    frees = _free_statements(graph, lasts)
+    statements.update({name: stmt for name, (stmt, _) in frees.items()})
+    statements.update({_free_name(op, None): Statement("free", op) for op in poly.statements.values()
+                       if not any(st.op is op for st, _ in frees.values())})
+    times = poly.fix_params(_with_frees(theta, {name: last for name, (_, last) in frees.items()}))
     build = isl.AstBuild.from_context(isl.Set("{ : }", context=ISL))
     root = ast.from_isl(build.node_from_schedule(schedule_tree(times.domain(), times)), {})
-    last_reads = {edge: _last_read_condition(poly, edge, live_reads[edge], theta, uses[edge.src.id],
-                                             lasts[edge.src.id], poly_needed)
-                  for edge in donors if edge.src.id in lasts}
+    last_reads = {edge: _last_read_condition(poly, edge, live_reads[edge], theta, uses[_key(edge)],
+                                             lasts[_key(edge)], poly_needed)
+                  for edge in donors if _key(edge) in lasts}
     return Schedule(root, statements, schedule, last_reads=last_reads)
+
+
+def _key(edge: Edge) -> tuple[int, int]:
+    return edge.src.id, edge.src_out
+
+
+def _free_statements(graph: SDG, lasts: dict[tuple[int, int], isl.UnionMap]
+                     ) -> dict[str, tuple[Statement, isl.UnionMap]]:
+    """A free statement per op, or per group of its outputs whose points are last used at
+    the same times (``lasts``), with those times."""
+    groups: dict[int, list[tuple[list[int], isl.UnionMap]]] = {}
+    for (op_id, k), last in lasts.items():
+        same = next((g for g in groups.setdefault(op_id, []) if g[1].is_equal(last)), None)
+        if same is None:
+            groups[op_id].append(([k], last))
+        else:
+            same[0].append(k)
+    out = {}
+    for op_id, op_groups in groups.items():
+        op = graph.ops[op_id]
+        for outputs, last in op_groups:
+            whole = len(op_groups) == 1 and len(outputs) == len(op.outputs)
+            stmt = Statement("free", op, None if whole else tuple(outputs))
+            out[_free_name(op, None if whole else outputs[0])] = (stmt, last)
+    return out
 
 
 def _schedule(poly: Polyhedral, needed: isl.UnionSet,
@@ -156,18 +195,17 @@ def _last_use(uses: dict[Edge | None, isl.UnionMap]) -> isl.UnionMap:
     return total.lexmax().coalesce()
 
 
-def _with_frees(poly: Polyhedral, theta: isl.UnionMap, lasts: dict[int, isl.UnionMap]) -> isl.UnionMap:
-    """Execution times of every statement, with a free of each stored point right after
-    its last use (``lasts``: each freed op's ``_last_use``; zero-dim and kept ops are not
-    freed during the run).
+def _with_frees(theta: isl.UnionMap, lasts: dict[str, isl.UnionMap]) -> isl.UnionMap:
+    """Execution times of every statement, with each free statement (by name) right after
+    the last use of each point it frees (``lasts``; zero-dim and kept ops are not freed
+    during the run).
 
     Times get a trailing 0 for executions and 1 for frees, so a free follows the statement
     it waits for.
     """
     times = _append_dim(theta, 0)
-    for op_id, last in lasts.items():
-        free = isl.Map.from_union_map(last).set_tuple_name(isl.dim_type.in_,
-                                                           _free_name(poly.graph.ops[op_id]))
+    for name, last in lasts.items():
+        free = isl.Map.from_union_map(last).set_tuple_name(isl.dim_type.in_, name)
         times = times.union(_append_dim(isl.UnionMap.from_map(free), 1))
     return times
 
@@ -301,5 +339,7 @@ def _simplest_agreeing(poly: Polyhedral, needed: isl.UnionSet, concrete: isl.Uni
     return out
 
 
-def _free_name(op: Op) -> str:
-    return f"F{op.id}"
+def _free_name(op: Op, first: int | None) -> str:
+    """``F<id>``: the free of all of the op's outputs; ``F<id>_<k>``: of a group whose
+    first output is ``k``."""
+    return f"F{op.id}" if first is None else f"F{op.id}_{first}"
