@@ -137,6 +137,7 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     logger.memory = lambda: exe.stats
     if cfg.get("compile_report"):
         print(exe.report)
+        print(exe.predicted_footprint())
     profile = tp.RunProfile() if cfg.get("profile") else None
     try:
         logger.start()

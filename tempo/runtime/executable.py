@@ -24,13 +24,14 @@ from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_parallel, check_placeholders, resolve_bounds
 from tempo.passes import PIPELINE, PassState, run_pipeline
 from tempo.runtime.backends import make_backend
+from tempo.runtime.footprint import Footprint, predict
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
 from tempo.schedule.memory import MemoryPolicy, donation_candidates, point_bytes, swapped_ops
-from tempo.schedule.scheduler import Schedule, analyze_points, build_schedule
+from tempo.schedule.scheduler import Schedule, Statement, analyze_points, build_schedule
 from tempo.symbolic.expr import FALSE, TRUE, Expr, Slice, Symbol, compile_function
 
 if TYPE_CHECKING:
@@ -153,6 +154,20 @@ class Executable:
             return lambda point: trace.append((kind, op, tuple(point)))
         self._interpreted({name: recorder(s.kind, s.op) for name, s in self.schedule.statements.items()})
         return trace
+
+    def predicted_footprint(self) -> Footprint:
+        """The peak bytes the stores will hold on the device and in host memory when this
+        schedule runs, found by walking its statements without running them
+        (``tempo.runtime.footprint``)."""
+        stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, MemoryStats(),
+                              self.swapped)
+        order: list[tuple[str, Op, tuple[int, ...], tuple[int, ...]]] = []
+
+        def recorder(stmt: Statement) -> Callable[[tuple[int, ...]], None]:
+            outputs = stmt.freed if stmt.kind == "free" else tuple(range(len(stmt.op.outputs)))
+            return lambda point: order.append((stmt.kind, stmt.op, outputs, tuple(point)))
+        self._interpreted({name: recorder(s) for name, s in self.schedule.statements.items()})
+        return predict(order, stores, self.bounds)
 
     def _gather(self, rt: RecurrentTensor, stores: dict) -> np.ndarray:
         store = stores[rt.key]
@@ -316,12 +331,12 @@ def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[
             table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend, shift,
                                         schedule.last_reads)
         else:
-            table[name] = _free(op, stores)
+            table[name] = _free(op, stmt.freed, stores)
     return table
 
 
-def _free(op: Op, stores: dict) -> Callable:
-    targets = [stores[(op.id, k)] for k in range(len(op.outputs))]
+def _free(op: Op, outputs: tuple[int, ...], stores: dict) -> Callable:
+    targets = [stores[(op.id, k)] for k in outputs]
     if len(targets) == 1:
         return targets[0].free
 

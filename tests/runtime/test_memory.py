@@ -332,3 +332,30 @@ def test_a_block_stores_rows_stack_as_one_copy():
     np.testing.assert_array_equal(store.read_point((0, 4)), [8, 9])
     assert store.stacked([(0, 0), (1, 0)]) is None
     assert store.stacked([(2, 0)]) is None and store.stacked([]) is None
+
+
+def windows_and_sums_program():
+    """A backward window and an anti-causal sum (block stores) over ``(i, t)``."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = (tp.const(WIDE)[t] * 2.0).tanh()
+        w = x[i, tp.max(0, t - 3):t + 1].mean(0)
+        g = x[i, t:T].sum(0)
+        out = (w * g).sum()
+    return ctx, {I: 2, T: 8}, out
+
+
+@pytest.mark.parametrize("program", [last_point_program, windows_and_sums_program])
+@pytest.mark.parametrize("memory", [tp.MemoryPolicy(), tp.MemoryPolicy(swap=True, swap_min_bytes=0)])
+def test_the_predicted_footprint_is_what_the_run_holds(program, memory):
+    """Without running, the schedule predicts the stores' peak bytes on the device and in
+    host memory: exactly what the run then measures (interpreted loops, so every point goes
+    through the stores)."""
+    ctx, bounds, out = program()
+    exe = ctx.compile(bounds, [out], backend="jax", memory=memory, loops=tp.LoopPolicy("interpreted"))
+    predicted = exe.predicted_footprint()
+    exe.run()
+    assert predicted.device.peak == exe.stats.peak_device_bytes
+    assert predicted.host.peak == exe.stats.peak_host_bytes
+    assert predicted.device.peak + predicted.host.peak > 0
