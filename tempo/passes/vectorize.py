@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tempo.errors import ShapeError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import normalize_dim, op_def, param_symbols
@@ -143,7 +145,47 @@ def _vectorizable(graph: SDG, state: PassState, dim: Symbol) -> dict[int, Rule]:
             checked_rule(op, edges, [r == "row" for r in reads], size)
         if rule is not None and needed_at_every_step(poly, op, dim, needed[op.id]):
             chosen[op.id] = rule
-    return chosen
+    return _without_large_stacks(graph, chosen, dim, size, state)
+
+
+STACK_MIN_BYTES = 1 << 16
+"""A value made step by step, at least this large per step, is read stacked by vectorized
+ops only where a contraction needs its rows (``_without_large_stacks``)."""
+
+
+def _without_large_stacks(graph: SDG, chosen: dict[int, Rule], dim: Symbol, size: int,
+                          state: PassState) -> dict[int, Rule]:
+    """``chosen`` less the ops that would make a large value computed step by step (an
+    observation, read where acting happens) wait for all ``T`` steps while no contraction
+    needs its rows: stacked, those values cost ``T`` times their size, while a per-step
+    reader (n-step's value of the next observation, ``critic(final_obs)``) can run where
+    the value is made and pass on its small output. Repeated, since an op left step by
+    step may make another large value."""
+    chosen = dict(chosen)
+    while True:
+        contracted = contracted_matmuls(graph, chosen, dim, size, state.bounds, state.keep,
+                                        lambda e: _read_kind(e, dim) == "row")
+        sources = [matrix_source(graph, e)[0] for k in contracted for e in graph.in_edges(graph.ops[k])]
+        rows_needed = {(read.src.id, read.src_out) for read in sources}
+        dropped = {op_id for op_id in chosen for e in graph.in_edges(graph.ops[op_id])
+                   if e.src.id not in chosen and _read_kind(e, dim) == "row"
+                   and (e.src.id, e.src_out) not in rows_needed
+                   and _bytes(e.src.outputs[e.src_out], state.bounds) >= STACK_MIN_BYTES}
+        if not dropped:
+            return chosen
+        for op_id in dropped:
+            del chosen[op_id]
+
+
+def _bytes(t: TensorType, bounds: dict[Symbol, int]) -> int:
+    """Bytes of one point of ``t`` (0 when its shape varies)."""
+    sizes = [d.substitute(bounds) for d in t.shape]
+    if not all(d.is_const for d in sizes):
+        return 0
+    count = 1
+    for d in sizes:
+        count *= int(d.value)
+    return count * np.dtype(t.dtype).itemsize
 
 
 def _pure(op: Op, dim: Symbol) -> bool:
