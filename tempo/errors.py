@@ -73,3 +73,7 @@ class UnsupportedExpressionError(TempoError):
 
 class UDFError(TempoError):
     """A user function returned something other than what it declared."""
+
+
+class MemoryBudgetError(TempoError):
+    """No schedule the compiler can choose fits the memory budget (``MemoryPolicy.budget_mb``)."""

@@ -72,3 +72,13 @@ def test_the_running_sum_keeps_live_points_bounded(check):
         peaks[-steps] = unaccumulated.stats.peak
     assert peaks[32] == peaks[8]
     assert peaks[-32] >= peaks[-8] + 24  # without the pass, one contribution per step waits
+
+
+def test_the_running_sums_points_are_those_the_point_analysis_finds(run_pass):
+    """The pass adds the new ops' needed points itself (from the sums they serve); they
+    must be exactly what the analysis of the new graph finds."""
+    for program in (_recurrent_program, _per_step_program):
+        ctx, bounds, grad = program(6)
+        result = run_pass(ctx, bounds, [grad], "accumulate")
+        assert result.count("sum_readers", "before") > result.count("sum_readers")
+        assert result.count("merge") == result.count("merge", "before") + 1
