@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tempo.errors import TempoError, UnschedulableError
+from tempo.errors import MemoryBudgetError, TempoError, UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes, program_roots
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
@@ -30,7 +30,7 @@ from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
-from tempo.schedule.memory import MemoryPolicy, donation_candidates, point_bytes, swapped_ops
+from tempo.schedule.memory import SCHEDULES, MemoryPolicy, donation_candidates, point_bytes, swapped_ops
 from tempo.schedule.scheduler import Schedule, Statement, analyze_points, build_schedule
 from tempo.symbolic.expr import FALSE, TRUE, Expr, Slice, Symbol, compile_function
 
@@ -229,31 +229,88 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     stage("points")
     kept = {rt.op.id for rt in outputs}
     policy = memory or MemoryPolicy()
-    for enabled in _pipelines_to_try(passes):
-        state = PassState(needed, values, ctx.bound_of, kept, next_id=max(ctx.graph.ops) + 1,
-                          parallel=ctx.parallel)
-        optimized = run_pipeline(graph, state, enabled, stage) if enabled else graph
-        try:
-            donors = donation_candidates(optimized, values, kept, policy.donate_min_bytes) \
-                if runtime.name == "jax" and policy.donate else []
-            schedule = build_schedule(optimized, values, ctx.bound_of, roots, kept, state.needed,
-                                      donors)
-            report.notes.extend(state.notes)  # only the notes of the program that runs
-            if donors:
-                report.notes.append(_donation_note(schedule))
-            break
-        except UnschedulableError as err:
-            if not enabled:
-                raise
-            # The passes keep dependences acyclic by construction; should a program defeat
-            # them, it is scheduled without vectorization (the pass that changes the most),
-            # and failing that unoptimized, which is still correct.
-            report.notes.append(f"passes undone ({', '.join(enabled)}), the optimized program "
-                                f"had no schedule: {err}")
-    stage("schedule")
-    exe = Executable(ctx, optimized, values, outputs, schedule, runtime, report, memory, loops)
-    stage("codegen")
-    return exe
+    job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, stage)
+    if policy.budget_mb is None:
+        return job.compile(_without_vectorize(passes) if policy.schedule == "incremental" else passes,
+                           report)
+    return _within_budget(job, passes, report, policy.budget_mb)
+
+
+@dataclass
+class _Job:
+    """A checked program, its needed points and what to compile it with."""
+
+    ctx: Context
+    graph: SDG
+    bounds: dict[Symbol, int]
+    outputs: list[RecurrentTensor]
+    roots: list[Op]
+    kept: set[int]
+    needed: Any
+    runtime: Any
+    policy: MemoryPolicy
+    loops: LoopPolicy | None
+    stage: Callable[..., None]
+
+    def compile(self, passes: Collection[str] | None, report: CompileReport) -> Executable:
+        """Optimize with ``passes`` (all when None), schedule and prepare the program."""
+        ctx, runtime, policy, stage = self.ctx, self.runtime, self.policy, self.stage
+        for enabled in _pipelines_to_try(passes):
+            state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
+                              next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel)
+            optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
+            try:
+                donors = donation_candidates(optimized, self.bounds, self.kept, policy.donate_min_bytes) \
+                    if runtime.name == "jax" and policy.donate else []
+                schedule = build_schedule(optimized, self.bounds, ctx.bound_of, self.roots, self.kept,
+                                          state.needed, donors)
+                report.notes.extend(state.notes)  # only the notes of the program that runs
+                if donors:
+                    report.notes.append(_donation_note(schedule))
+                break
+            except UnschedulableError as err:
+                if not enabled:
+                    raise
+                # The passes keep dependences acyclic by construction; should a program defeat
+                # them, it is scheduled without vectorization (the pass that changes the most),
+                # and failing that unoptimized, which is still correct.
+                report.notes.append(f"passes undone ({', '.join(enabled)}), the optimized program "
+                                    f"had no schedule: {err}")
+        stage("schedule")
+        exe = Executable(ctx, optimized, self.bounds, self.outputs, schedule, runtime, report, policy,
+                         self.loops)
+        stage("codegen")
+        return exe
+
+
+def _within_budget(job: _Job, passes: Collection[str] | None, report: CompileReport,
+                   budget_mb: float) -> Executable:
+    """The first schedule of ``SCHEDULES`` (fastest first) whose predicted peak of stored
+    points fits ``budget_mb``; the report says which and why."""
+    tried = []
+    for schedule in SCHEDULES:
+        attempt = CompileReport()
+        exe = job.compile(_without_vectorize(passes) if schedule == "incremental" else passes, attempt)
+        footprint = exe.predicted_footprint()
+        peak_mb = (footprint.device.peak + footprint.host.peak) / 2**20
+        tried.append(f"{schedule} {peak_mb:.1f} MiB")
+        if peak_mb <= budget_mb:
+            report.stages.update(attempt.stages)
+            report.sizes.update(attempt.sizes)
+            report.notes.extend([*attempt.notes, f"memory: the {schedule} schedule, the fastest whose "
+                                 f"predicted peak of stored points fits memory.budget_mb={budget_mb:g} "
+                                 f"(predicted: {', '.join(tried)})"])
+            exe.report = report
+            return exe
+    smallest = min(tried, key=lambda t: float(t.split()[1]))
+    raise MemoryBudgetError(f"no schedule fits memory.budget_mb={budget_mb:g}: the predicted peaks of "
+                            f"stored points are {', '.join(tried)}; the smallest is {smallest}")
+
+
+def _without_vectorize(passes: Collection[str] | None) -> list[str]:
+    """The pipeline (or ``passes``) without vectorization of the innermost dim: the
+    incremental schedule."""
+    return [name for name, _ in PIPELINE if passes is None or name in passes if name != "vectorize"]
 
 
 def _donation_note(schedule: Schedule) -> str:

@@ -36,6 +36,9 @@ from tempo.schedule import ast
 from tempo.schedule.scheduler import Schedule
 from tempo.symbolic.expr import Symbol
 
+SCHEDULES = ("vectorized", "incremental")
+"""The schedules a memory policy chooses from, fastest first."""
+
 
 @dataclass(frozen=True)
 class MemoryPolicy:
@@ -52,11 +55,24 @@ class MemoryPolicy:
     reuse and the check costs more than it saves (``benchmarks/donation.py``, 2-core CPU:
     a recurrent state of 16K floats steps 8% slower donated, 64K floats (256 KiB) 6%
     faster, 256K floats 2.6x faster)."""
+    schedule: str = "vectorized"
+    """Which schedule to compile: ``vectorized`` (the innermost dim laid out where it can
+    be: fast, and a rollout's per-step values wait for the learner) or ``incremental``
+    (no vectorization of the innermost dim: work that can trail acting does, with
+    gradients accumulated step by step; memory bounded where the program allows it)."""
+    budget_mb: float | None = None
+    """When given, the fastest schedule (vectorized, else incremental) whose predicted
+    peak of stored points (device and host, ``Executable.predicted_footprint``) fits;
+    ``schedule`` is then ignored."""
 
     def __post_init__(self) -> None:
         for name in ("swap_min_bytes", "donate_min_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.budget_mb is not None and not self.budget_mb > 0:
+            raise ValueError(f"budget_mb must be a positive number of MiB, got {self.budget_mb}")
 
 
 def swapped_ops(graph: SDG, schedule: Schedule, policy: MemoryPolicy,

@@ -54,10 +54,13 @@ def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
         bootstrap = cfg.gamma * (ends * next_value[window]).discounted_sum(cfg.gamma)
         returns = partial + bootstrap
         rollout = (slice(0, B), i, slice(0, T))  # every env and step of iteration i
-        advantage = (returns - value.detach())[rollout]
-        if cfg.normalize_advantages:
-            advantage = standardize(advantage)
-        policy_loss = -(ro.extras["log_prob"][rollout] * advantage).mean()
+        advantage = returns - value.detach()
+        if cfg.normalize_advantages:  # statistics of the whole rollout: learning waits for it
+            advantage = standardize(advantage[rollout])
+            policy_loss = -(ro.extras["log_prob"][rollout] * advantage).mean()
+        else:  # each step's term needs its own window only: learning can trail acting by n steps
+            policy_loss = -(ro.extras["log_prob"] * advantage)[rollout].mean()
+            advantage = advantage[rollout]
         value_loss = ((value - returns) ** 2)[rollout].mean()
         entropy = ro.extras["entropy"][rollout].mean()
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
