@@ -42,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tempo.ir.graph import SDG, Op, has_static_shapes
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.runtime import nest
@@ -77,6 +79,13 @@ class LoopPolicy:
     way from one run to the next, stay interpreted. (Timings of the same entry vary by
     about 5% between runs on a 2-core CPU; PPO's update loop at the paper's size measures
     25% faster lowered, which a margin of 20% left to chance.)"""
+
+    max_stacked_mb: float = 64.0
+    """A loop whose outputs, stacked over its iterations, would hold more than this (MiB)
+    stays interpreted, writing each iteration's values to their stores as it goes: a
+    scan holds its stacked outputs whole, and XLA copies them besides (n-step's acting
+    loop over 3x64x64 observations at T=1000, lowered: 1.62 GB peak RSS against 0.87 GB
+    interpreted, for 10% less time per iteration)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -289,6 +298,10 @@ class LoopLauncher:
             self.stores[(op.id, k)].free_many(points)
 
     def _run_lowered(self, plan: Plan) -> None:
+        stacked = self._stacked_bytes(plan) / 2**20
+        if stacked > self.policy.max_stacked_mb:
+            raise Unlowerable(f"its outputs stacked over the loop would hold {stacked:.0f} MiB, more than "
+                              f"LoopPolicy.max_stacked_mb={self.policy.max_stacked_mb:g}")
         fn = self.traced.get(plan.signature)
         args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.rows_at, plan.carry_init)
         if fn is None:
@@ -317,6 +330,16 @@ class LoopLauncher:
                 self.stores[key].write_rows(points, values, made.kept_runs if key in sparse else rows)
         for op, freed, points in plan.frees:
             self._free(op, freed, points)
+
+    def _stacked_bytes(self, plan: Plan) -> int:
+        """Bytes of the plan's outputs stacked over the entry's iterations (or runs)."""
+        rows = dict(plan.sparse)
+        total = 0
+        for key in plan.exported:
+            shape, dtype = self.planner.output_type(key)
+            row = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            total += rows.get(key, plan.trips) * row
+        return total
 
     def _scan(self, plan: Plan) -> Callable:
         """The loop as a function of the plan's values, for ``jax.jit``."""

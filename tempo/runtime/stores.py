@@ -285,13 +285,29 @@ class BlockStore:
             ks.append(point[-1])
             taken.append(row)
         for prefix, (ks, taken) in by_prefix.items():
-            self._block(prefix)[ks] = host[taken]
+            if not self._adopted(prefix, host, ks, taken):
+                self._block(prefix)[ks] = host[taken]
             self.produced[prefix].update(ks)
             live = self.live[prefix]
             new = len(set(ks) - live)
             live.update(ks)
             self.stats.live += new
             self.stats.peak = max(self.stats.peak, self.stats.live)
+
+    def _adopted(self, prefix: tuple[int, ...], host: np.ndarray, ks: list[int], taken: list[int]) -> bool:
+        """Whether the rows ``taken`` of ``host`` became the buffer of ``prefix`` as they
+        are: every row of a buffer not yet made, in order, one contiguous slice (a lowered
+        acting loop's stacked observations; copying them would hold two copies at once)."""
+        if prefix in self.blocks or len(ks) != self.length or ks != list(range(self.length)) \
+                or taken != list(range(taken[0], taken[0] + self.length)):
+            return False
+        block = host[taken[0]:taken[0] + self.length]
+        if block.shape[1:] != self.shape or block.dtype != np.dtype(self.dtype):
+            return False
+        self.blocks[prefix] = block
+        self.live[prefix], self.produced[prefix] = set(), set()
+        self.stats.host.add(block.nbytes)
+        return True
 
     def _block(self, prefix: tuple[int, ...]) -> np.ndarray:
         """The buffer of ``prefix``, allocated at its first write."""
