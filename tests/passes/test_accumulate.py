@@ -14,23 +14,30 @@ RNG = np.random.default_rng(5)
 W0 = (RNG.normal(size=(3, 3)) * 0.5).astype(np.float32)
 
 
-def _recurrent_program(steps: int):
-    """``h[t] = tanh(h[t-1] @ w + x[t])`` over ``(i, t)``: the per-step products are on a
-    recurrence, so ``t`` is not vectorized, and ``w``'s gradient sums one contribution
-    per step."""
+def _gradient_program(steps: int, per_step):
+    """A program over ``(i, t)`` whose loss sums ``per_step(x[t], w, t)`` (a ``(3,)`` value
+    per step) over the steps, differentiated for the shared weight ``w``."""
     xs = RNG.normal(size=(steps, 3)).astype(np.float32)
     ctx = tp.Context(dims=("i", "t"))
     i, t = ctx.dims
     I, T = ctx.bounds
     with ctx:
         w = tp.const(W0, requires_grad=True)
-        x = tp.const(xs)[t]
+        y = per_step(tp.const(xs)[t], w, t)
+        loss = (y * y).sum()[0:T].sum()
+        loss.backward()
+    return ctx, {I: 1, T: steps}, w.grad
+
+
+def _recurrent_program(steps: int):
+    """``h[t] = tanh(h[t-1] @ w + x[t])``: the per-step products are on a recurrence, so
+    ``t`` is not vectorized, and ``w``'s gradient sums one contribution per step."""
+    def recurrence(x, w, t):
         h = tp.placeholder(shape=(3,), dtype="float32", domain=(t,))
         h[t == 0] = x.tanh()
         h[True] = (h[t - 1] @ w + x).tanh()
-        loss = (h * h).sum()[0:T].sum()
-        loss.backward()
-    return ctx, {I: 1, T: steps}, w.grad
+        return h
+    return _gradient_program(steps, recurrence)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "jax"])
@@ -44,16 +51,7 @@ def test_a_stepwise_gradient_sum_runs_as_a_running_sum(backend, check):
 
 def _per_step_program(steps: int):
     """``loss = sum_t |x[t] @ w|^2``: each step's gradient contribution needs that step only."""
-    xs = RNG.normal(size=(steps, 3)).astype(np.float32)
-    ctx = tp.Context(dims=("i", "t"))
-    i, t = ctx.dims
-    I, T = ctx.bounds
-    with ctx:
-        w = tp.const(W0, requires_grad=True)
-        y = tp.const(xs)[t] @ w
-        loss = (y * y).sum()[0:T].sum()
-        loss.backward()
-    return ctx, {I: 1, T: steps}, w.grad
+    return _gradient_program(steps, lambda x, w, t: x @ w)
 
 
 STEPWISE = [name for name, _ in PIPELINE if name != "vectorize"]
