@@ -34,9 +34,9 @@ def main(cfg: DictConfig) -> float:
           f"({len(result.episode_returns)} episodes; compile {result.compile_seconds:.1f} s, "
           f"run {result.run_seconds:.1f} s) -> {out_dir}")
     peaks = result.memory
-    print(f"peak memory: {peaks['device_peak_mb']:.0f} MiB stored on the device, "
-          f"{peaks['host_peak_mb']:.0f} MiB stored in host memory, {peaks['rss_peak_mb']:.0f} MiB "
-          f"process RSS")
+    print(f"peak memory: {peaks['device_peak_mb']:.1f} MiB of stored points in the backend's memory "
+          f"(the device on JAX), {peaks['host_peak_mb']:.1f} MiB in host buffers, "
+          f"{peaks['rss_peak_mb']:.0f} MiB process RSS")
     return mean
 
 
