@@ -50,6 +50,17 @@ class TensorType:
     def is_static(self) -> bool:
         return all(d.is_const for d in self.shape)
 
+    def nbytes(self, env: dict) -> int | None:
+        """Bytes of one value with its dims evaluated in ``env`` (bounds, and a point's
+        coordinates where the shape depends on it); None when a dim is not known there."""
+        count = 1
+        for d in self.shape:
+            size = d.substitute(env)
+            if not size.is_const:
+                return None
+            count *= int(size.value)
+        return count * np.dtype(self.dtype).itemsize
+
     def __repr__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
 

@@ -37,12 +37,12 @@ if TYPE_CHECKING:
 
 def accumulate_sums(graph: SDG, state: PassState) -> SDG:
     """``graph`` with each qualifying reader sum over the innermost dim made a running
-    sum (module doc); ``state.needed`` is recomputed for the new graph."""
+    sum (module doc); ``state.needed`` gains the new ops' points."""
     dim = list(state.bound_of)[-1] if state.bound_of else None
     size = state.bounds.get(state.bound_of[dim]) if dim is not None else None
     # An output keeps its id, points and type: the result is an identity op in its place.
-    chosen = [op for op in graph.ops.values() if size is not None
-              and _accumulable(graph, op, dim, size, state.bounds)] if dim is not None else []
+    chosen = [] if size is None else [op for op in graph.ops.values()
+                                      if _accumulable(graph, op, dim, size, state.bounds)]
     if not chosen:
         state.notes.append("accumulate: 0 gradient sums accumulated")
         return graph

@@ -112,8 +112,8 @@ def _axes_before(op: Op, before: TensorType, axes: list[int]) -> list[int] | Non
     """Positions in ``op``'s input of its output's axes ``axes``, when every other axis
     of both has size 1 (else None)."""
     after = op.outputs[0]
-    if _large_axes(before) is None or _large_axes(after) is None \
-            or len(_large_axes(before)) != 2 or len(_large_axes(after)) != 2:
+    large_before, large_after = _large_axes(before), _large_axes(after)
+    if large_before is None or large_after is None or len(large_before) != 2 or len(large_after) != 2:
         return None
     p = op.params
     if op.kind == "permute":
@@ -125,7 +125,6 @@ def _axes_before(op: Op, before: TensorType, axes: list[int]) -> list[int] | Non
     if op.kind == "squeeze":
         at = p["dim"] % before.ndim
         return [a if a < at else a + 1 for a in axes]
-    large_before, large_after = _large_axes(before), _large_axes(after)
     if [before.shape[a] for a in large_before] != [after.shape[a] for a in large_after]:
         return None  # a reshape that moves elements
     return [large_before[large_after.index(a)] for a in axes]

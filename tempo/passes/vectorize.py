@@ -37,8 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from tempo.errors import ShapeError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import normalize_dim, op_def, param_symbols
@@ -170,22 +168,11 @@ def _without_large_stacks(graph: SDG, chosen: dict[int, Rule], dim: Symbol, size
         dropped = {op_id for op_id in chosen for e in graph.in_edges(graph.ops[op_id])
                    if e.src.id not in chosen and _read_kind(e, dim) == "row"
                    and (e.src.id, e.src_out) not in rows_needed
-                   and _bytes(e.src.outputs[e.src_out], state.bounds) >= STACK_MIN_BYTES}
+                   and (e.src.outputs[e.src_out].nbytes(state.bounds) or 0) >= STACK_MIN_BYTES}
         if not dropped:
             return chosen
         for op_id in dropped:
             del chosen[op_id]
-
-
-def _bytes(t: TensorType, bounds: dict[Symbol, int]) -> int:
-    """Bytes of one point of ``t`` (0 when its shape varies)."""
-    sizes = [d.substitute(bounds) for d in t.shape]
-    if not all(d.is_const for d in sizes):
-        return 0
-    count = 1
-    for d in sizes:
-        count *= int(d.value)
-    return count * np.dtype(t.dtype).itemsize
 
 
 def _pure(op: Op, dim: Symbol) -> bool:

@@ -148,12 +148,7 @@ class Executable:
     def execution_order(self) -> list[tuple[str, Op, tuple[int, ...]]]:
         """What ``run()`` executes, in order, without running it: ``("exec" | "free", op,
         point)`` per statement instance."""
-        trace: list[tuple[str, Op, tuple[int, ...]]] = []
-
-        def recorder(kind: str, op: Op) -> Callable[[tuple[int, ...]], None]:
-            return lambda point: trace.append((kind, op, tuple(point)))
-        self._interpreted({name: recorder(s.kind, s.op) for name, s in self.schedule.statements.items()})
-        return trace
+        return [(stmt.kind, stmt.op, point) for stmt, point in self._instances()]
 
     def predicted_footprint(self) -> Footprint:
         """The peak bytes the stores will hold on the device and in host memory when this
@@ -161,13 +156,16 @@ class Executable:
         (``tempo.runtime.footprint``)."""
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, MemoryStats(),
                               self.swapped)
-        order: list[tuple[str, Op, tuple[int, ...], tuple[int, ...]]] = []
+        return predict(self._instances(), stores, self.bounds)
+
+    def _instances(self) -> list[tuple[Statement, tuple[int, ...]]]:
+        """Every statement instance ``run()`` executes, in order, with its point."""
+        trace: list[tuple[Statement, tuple[int, ...]]] = []
 
         def recorder(stmt: Statement) -> Callable[[tuple[int, ...]], None]:
-            outputs = stmt.freed if stmt.kind == "free" else tuple(range(len(stmt.op.outputs)))
-            return lambda point: order.append((stmt.kind, stmt.op, outputs, tuple(point)))
+            return lambda point: trace.append((stmt, tuple(point)))
         self._interpreted({name: recorder(s) for name, s in self.schedule.statements.items()})
-        return predict(order, stores, self.bounds)
+        return trace
 
     def _gather(self, rt: RecurrentTensor, stores: dict) -> np.ndarray:
         store = stores[rt.key]
@@ -231,8 +229,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     policy = memory or MemoryPolicy()
     job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, stage)
     if policy.budget_mb is None:
-        return job.compile(_without_vectorize(passes) if policy.schedule == "incremental" else passes,
-                           report)
+        return job.compile(_passes_of(policy.schedule, passes), report)
     return _within_budget(job, passes, report, policy.budget_mb)
 
 
@@ -287,30 +284,36 @@ def _within_budget(job: _Job, passes: Collection[str] | None, report: CompileRep
                    budget_mb: float) -> Executable:
     """The first schedule of ``SCHEDULES`` (fastest first) whose predicted peak of stored
     points fits ``budget_mb``; the report says which and why."""
-    tried = []
+    peaks: dict[str, float] = {}
     for schedule in SCHEDULES:
         attempt = CompileReport()
-        exe = job.compile(_without_vectorize(passes) if schedule == "incremental" else passes, attempt)
+        exe = job.compile(_passes_of(schedule, passes), attempt)
         footprint = exe.predicted_footprint()
-        peak_mb = (footprint.device.peak + footprint.host.peak) / 2**20
-        tried.append(f"{schedule} {peak_mb:.1f} MiB")
-        if peak_mb <= budget_mb:
+        peaks[schedule] = (footprint.device.peak + footprint.host.peak) / 2**20
+        if peaks[schedule] <= budget_mb:
             report.stages.update(attempt.stages)
             report.sizes.update(attempt.sizes)
             report.notes.extend([*attempt.notes, f"memory: the {schedule} schedule, the fastest whose "
                                  f"predicted peak of stored points fits memory.budget_mb={budget_mb:g} "
-                                 f"(predicted: {', '.join(tried)})"])
+                                 f"(predicted: {_peaks_text(peaks)})"])
             exe.report = report
             return exe
-    smallest = min(tried, key=lambda t: float(t.split()[1]))
+    smallest = min(peaks, key=peaks.__getitem__)
     raise MemoryBudgetError(f"no schedule fits memory.budget_mb={budget_mb:g}: the predicted peaks of "
-                            f"stored points are {', '.join(tried)}; the smallest is {smallest}")
+                            f"stored points are {_peaks_text(peaks)}; the smallest is {smallest} "
+                            f"{peaks[smallest]:.1f} MiB")
 
 
-def _without_vectorize(passes: Collection[str] | None) -> list[str]:
-    """The pipeline (or ``passes``) without vectorization of the innermost dim: the
-    incremental schedule."""
-    return [name for name, _ in PIPELINE if passes is None or name in passes if name != "vectorize"]
+def _peaks_text(peaks: dict[str, float]) -> str:
+    return ", ".join(f"{schedule} {mb:.1f} MiB" for schedule, mb in peaks.items())
+
+
+def _passes_of(schedule: str, passes: Collection[str] | None) -> Collection[str] | None:
+    """The passes (all when None) that compile ``schedule``: the incremental one without
+    vectorization of the innermost dim."""
+    if schedule != "incremental":
+        return passes
+    return [name for name, _ in PIPELINE if (passes is None or name in passes) and name != "vectorize"]
 
 
 def _donation_note(schedule: Schedule) -> str:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tempo.ir.graph import Op
-from tempo.runtime.stores import BlockStore, Bytes, PointStore, SwappedStore
+from tempo.runtime.stores import BlockStore, Bytes, SwappedStore
+from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Symbol
 
 
@@ -33,33 +33,31 @@ class Footprint:
                 f"device, {self.host.peak / 2**20:.1f} MiB in host memory")
 
 
-def predict(order: Iterable[tuple[str, Op, tuple[int, ...], tuple[int, ...]]], stores: dict,
+def predict(order: Iterable[tuple[Statement, tuple[int, ...]]], stores: dict,
             bounds: dict[Symbol, int]) -> Footprint:
-    """The footprint of running ``order`` (``(kind, op, outputs, point)`` per statement
-    instance) with ``stores`` (the stores a run makes; nothing is written to them)."""
+    """The footprint of running the statement instances ``order`` with ``stores`` (the
+    stores a run makes; nothing is written to them)."""
     out = Footprint()
-    sizes: dict[tuple[int, int], int] = {}  # bytes of each live point whose shape varies
-    live: dict[tuple[int, int], set] = {}
+    live: dict[tuple[int, int], dict[tuple, int]] = {}  # bytes of each held point, per store
     blocks: dict[tuple[int, int], dict[tuple, tuple[set, set]]] = {}
-    for kind, op, outputs, point in order:
-        for k in outputs:
+    for stmt, point in order:
+        op, kind = stmt.op, stmt.kind
+        for k in stmt.freed if kind == "free" else range(len(op.outputs)):
             key = (op.id, k)
             store = stores[key]
             if isinstance(store, BlockStore):
                 _block_step(out.host, store, blocks.setdefault(key, {}), kind, point)
-            elif isinstance(store, PointStore):
-                counter = out.host if isinstance(store, SwappedStore) else out.device
-                held = live.setdefault(key, set())
-                if kind == "exec" and point not in held:
-                    held.add(point)
-                    size = store.point_bytes
-                    if size is None:
-                        size = sizes[(*key, *point)] = _varying_bytes(op, k, point, bounds)
-                    counter.add(size)
-                elif kind == "free" and point in held:
-                    held.discard(point)
-                    size = store.point_bytes
-                    counter.add(-(size if size is not None else sizes.pop((*key, *point))))
+                continue
+            counter = out.host if isinstance(store, SwappedStore) else out.device
+            held = live.setdefault(key, {})
+            if kind == "exec" and point not in held:
+                size = store.point_bytes
+                if size is None:  # a shape that depends on the point
+                    size = op.outputs[k].nbytes({**bounds, **dict(zip(op.domain, point))})
+                held[point] = size
+                counter.add(size)
+            elif kind == "free" and point in held:
+                counter.add(-held.pop(point))
     return out
 
 
@@ -81,13 +79,6 @@ def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, poi
         if not held and len(produced) == store.length:
             del buffers[prefix]
             counter.add(-size)
-
-
-def _varying_bytes(op: Op, k: int, point: tuple[int, ...], bounds: dict[Symbol, int]) -> int:
-    """Bytes of output ``k`` of ``op`` at ``point``, whose shape depends on it."""
-    env = {**bounds, **dict(zip(op.domain, point))}
-    t = op.outputs[k]
-    return int(np.prod([d.evaluate(env) for d in t.shape], dtype=np.int64)) * np.dtype(t.dtype).itemsize
 
 
 def _row_bytes(store: BlockStore) -> int:

@@ -128,13 +128,8 @@ def _layout(t: TensorType, bounds: dict[Symbol, int]) -> tuple:
 
 def point_bytes(op: Op, bounds: dict) -> int | None:
     """Bytes of one point of ``op``'s outputs, or None when a shape varies with the point."""
-    total = 0
-    for t in op.outputs:
-        if any(d.symbols() - set(bounds) for d in t.shape):
-            return None
-        count = int(np.prod([int(d.evaluate(bounds)) for d in t.shape], dtype=np.int64))
-        total += count * np.dtype(t.dtype).itemsize
-    return total
+    sizes = [t.nbytes(bounds) for t in op.outputs]
+    return None if None in sizes else sum(sizes)
 
 
 def _outlives_its_loop(op: Op, readers: set[int], made: dict[int, list[tuple[int, ...]]],
