@@ -3,8 +3,15 @@ hyperparameters are identical across systems) and what a run measures."""
 
 from __future__ import annotations
 
+import json
 import math
+import resource
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -159,3 +166,46 @@ def render(title: str, headers: list[str], rows: list[list[str]], notes: list[st
         return "  ".join(aligned)
     body = [cells(r) for r in rows]
     return "\n".join([title, line, "-" * len(line), *body, *(f"  note: {n}" for n in notes)]) + "\n"
+
+
+# ---- one cell per subprocess ----------------------------------------------------------------
+RESULT_TAG = "BENCH-RESULT "
+"""Starts the line on which a worker process reports its result (JSON)."""
+OOM_CODES = {-9, 137}
+"""Exit statuses of a process the kernel's out-of-memory killer ended (SIGKILL)."""
+
+
+def report_result(run: Callable[[], dict[str, Any]]) -> None:
+    """The worker side: ``run()``'s result, or the error it raised (its traceback on
+    stderr), with the process's peak RSS, printed as one tagged JSON line."""
+    try:
+        out = run()
+    except MemoryError:
+        traceback.print_exc()
+        out = {"error": "out of memory (MemoryError)"}
+    except Exception as err:  # reported in the table, with the traceback on stderr
+        traceback.print_exc()
+        message = str(err).splitlines()[0] if str(err) else ""
+        out = {"error": f"{type(err).__name__}: {message}"[:200]}
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(RESULT_TAG + json.dumps(out), flush=True)
+
+
+def run_worker(script: Path, spec: str, timeout: float, cwd: Path) -> dict[str, Any]:
+    """The parent side: run ``script --worker spec`` in a fresh Python process and return
+    what it reported, or ``{"error": ...}`` when it timed out or reported nothing."""
+    cmd = [sys.executable, str(script), "--worker", spec]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
+    if not lines:
+        if proc.returncode in OOM_CODES:
+            return {"error": f"killed (exit {proc.returncode}; out of memory?)"}
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {proc.returncode}: {tail}"[:200]}
+    out = json.loads(lines[-1][len(RESULT_TAG):])
+    if out.get("error") and proc.stderr.strip():
+        sys.stderr.write(proc.stderr[-4000:])
+    return out

@@ -29,13 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +43,7 @@ ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import fmt, ratio, render  # noqa: E402
+from benchmarks.common import fmt, ratio, render, report_result, run_worker  # noqa: E402
 
 ALGORITHMS = ("nstep", "reinforce")
 SYSTEMS = ("tempo-default", "tempo-low", "jax")
@@ -55,9 +52,7 @@ OBS_SHAPE = (3, 64, 64)
 NUM_ENVS = 8
 DEFAULT_STEPS = (250, 1000, 4000)
 LEARNING_RATE = 1e-3
-RESULT_TAG = "BENCH-RESULT "
-OOM_CODES = {-9, 137}
-"""Exit statuses of a process the kernel's out-of-memory killer ended (SIGKILL)."""
+
 
 
 @dataclass(frozen=True)
@@ -127,17 +122,7 @@ def run_jax(cell: MemoryCell) -> dict[str, Any]:
 def worker(spec: str) -> None:
     """The subprocess side: run one cell, print its result as one JSON line."""
     cell = MemoryCell(**json.loads(spec))
-    try:
-        out = run_jax(cell) if cell.system == "jax" else run_tempo(cell)
-    except MemoryError:
-        traceback.print_exc()
-        out = {"error": "out of memory (MemoryError)"}
-    except Exception as err:  # reported in the table, with the traceback on stderr
-        traceback.print_exc()
-        message = str(err).splitlines()[0] if str(err) else ""
-        out = {"error": f"{type(err).__name__}: {message}"[:200]}
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(RESULT_TAG + json.dumps(out), flush=True)
+    report_result(lambda: run_jax(cell) if cell.system == "jax" else run_tempo(cell))
 
 
 @dataclass
@@ -157,20 +142,8 @@ class Row:
 
 def spawn(cell: MemoryCell, timeout: float) -> Row:
     """Run ``cell`` in a fresh Python process and summarise what it reports."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(asdict(cell))]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return Row(cell, error=f"timed out after {timeout:.0f} s")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    if not lines:
-        if proc.returncode in OOM_CODES:
-            return Row(cell, error=f"killed (exit {proc.returncode}; out of memory?)")
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Row(cell, error=f"exit {proc.returncode}: {tail}"[:200])
-    out = json.loads(lines[-1][len(RESULT_TAG):])
+    out = run_worker(Path(__file__).resolve(), json.dumps(asdict(cell)), timeout, ROOT)
     if out.get("error"):
-        sys.stderr.write(proc.stderr[-4000:])
         return Row(cell, peak_rss_mb=out.get("peak_rss_mb"), error=out["error"])
     times = out["iteration_s"]
     measured = times[cell.warmup:] or times

@@ -17,12 +17,9 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import resource
 import statistics
-import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +30,18 @@ ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import Cell, EnvSettings, Measurement, PPOSettings, fmt, ratio, render, score  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    Cell,
+    EnvSettings,
+    Measurement,
+    PPOSettings,
+    fmt,
+    ratio,
+    render,
+    report_result,
+    run_worker,
+    score,
+)
 
 CONFIGS: dict[str, dict[str, int]] = {
     "small": {"num_envs": 32, "num_steps": 250},
@@ -55,7 +63,6 @@ ENV_IMPLS = {
 """How each system steps each env: Tempo runs CartPole both on the host (gymnasium) and in
 the graph (gymnax); the PyTorch baseline uses gymnasium, the JAX one gymnax."""
 TORCH_MISSING = "not installed (pip install torch==2.13.0)"
-RESULT_TAG = "BENCH-RESULT "
 
 
 # ---- one cell, in its own process ------------------------------------------------------
@@ -76,19 +83,18 @@ def run_cell(cell: Cell) -> Measurement:
 def worker(spec: str) -> None:
     """The subprocess side: run one cell, print its result as one JSON line."""
     cell = Cell.from_json(json.loads(spec))
-    try:
-        m = run_cell(cell)
-        out: dict[str, Any] = {"compile_s": m.compile_s, "iteration_s": m.iteration_s, "note": m.note,
-                               "score_first": score(cell.env, cell.steps_per_iteration, m.episode_returns,
-                                                    last=False),
-                               "score_last": score(cell.env, cell.steps_per_iteration, m.episode_returns)}
-    except ImportError as err:
-        out = {"error": TORCH_MISSING if getattr(err, "name", "") == "torch" else f"ImportError: {err}"}
-    except Exception as err:  # reported in the table, with the traceback on stderr
-        traceback.print_exc()
-        out = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(RESULT_TAG + json.dumps(out), flush=True)
+
+    def run() -> dict[str, Any]:
+        try:
+            m = run_cell(cell)
+        except ImportError as err:
+            if getattr(err, "name", "") == "torch":
+                return {"error": TORCH_MISSING}
+            raise
+        return {"compile_s": m.compile_s, "iteration_s": m.iteration_s, "note": m.note,
+                "score_first": score(cell.env, cell.steps_per_iteration, m.episode_returns, last=False),
+                "score_last": score(cell.env, cell.steps_per_iteration, m.episode_returns)}
+    report_result(run)
 
 
 @dataclass
@@ -115,19 +121,8 @@ def spawn(cell: Cell, timeout: float) -> Row:
     """Run ``cell`` in a fresh Python process and summarise what it reports."""
     if cell.system == "torch" and importlib.util.find_spec("torch") is None:
         return Row(cell, error=TORCH_MISSING)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cell.to_json())]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return Row(cell, error=f"timed out after {timeout:.0f} s")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    if not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Row(cell, error=f"exit {proc.returncode}: {tail}")
-    out = json.loads(lines[-1][len(RESULT_TAG):])
+    out = run_worker(Path(__file__).resolve(), json.dumps(cell.to_json()), timeout, ROOT)
     if out.get("error"):
-        if proc.stderr.strip():
-            sys.stderr.write(proc.stderr[-4000:])
         return Row(cell, peak_rss_mb=out.get("peak_rss_mb"), error=out["error"])
     times = out["iteration_s"]
     median = statistics.median(times[cell.warmup:] or times)
