@@ -3,7 +3,7 @@ its memory policies, against the same algorithms written directly in JAX.
 
     python benchmarks/memory.py                            # T = 250, 1000, 4000 (long)
     python benchmarks/memory.py --steps 250 1000 --iterations 3
-    python benchmarks/memory.py --algorithms nstep --systems jax --steps 1000
+    python benchmarks/memory.py --algorithms nstep-per-step --systems tempo-low --steps 250 4000
     python benchmarks/memory.py --check                    # the baselines' losses are finite
 
 The env is the synthetic contextual bandit (``tempo_rl/envs/synthetic.py``) with 3x64x64
@@ -17,11 +17,15 @@ reads. Rows:
   ``lax.scan`` storing the observations, vectorized returns, one Adam step).
 
 Both read their hyperparameters from Tempo's config (``conf/algorithm/<alg>.yaml``), with
-the learning rate set to ``--learning-rate`` (1e-3) for both. Each (algorithm, system, T)
-runs in a fresh subprocess, which reports its peak RSS (``ru_maxrss``), compile time and
-each iteration's time; the tables give the median time per iteration after the warm-up
-one, and Tempo's RSS and time over the JAX row's at the same T (below 1x: Tempo is smaller
-or faster). A cell that fails (out of memory, a timeout, an error) says so in its row.
+the learning rate set to ``--learning-rate`` (1e-3) for both. ``nstep-per-step`` is n-step
+with ``algorithm.normalize_advantages=false`` (for both systems): its loss is a sum of
+per-step terms, so ``memory=low``'s incremental schedule learns ``n`` steps behind acting and
+its memory does not grow with T; normalized advantages need the whole rollout first.
+Each (algorithm, system, T) runs in a fresh subprocess, which reports its peak RSS
+(``ru_maxrss``), compile time and each iteration's time; the tables give the median time
+per iteration after the warm-up one, and Tempo's RSS and time over the JAX row's at the
+same T (below 1x: Tempo is smaller or faster). A cell that fails (out of memory, a
+timeout, an error) says so in its row.
 """
 
 from __future__ import annotations
@@ -45,7 +49,11 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import fmt, ratio, render, report_result, run_worker  # noqa: E402
 
-ALGORITHMS = ("nstep", "reinforce")
+ALGORITHMS = ("nstep", "nstep-per-step", "reinforce")
+VARIANTS = {"nstep-per-step": ("nstep", ("algorithm.normalize_advantages=false",))}
+"""Algorithms run with overrides of their config: ``nstep-per-step`` is n-step whose loss
+is a sum of per-step terms (advantages not normalized over the rollout), the form whose
+learning can trail acting by ``n`` steps (``memory=low``'s incremental schedule)."""
 SYSTEMS = ("tempo-default", "tempo-low", "jax")
 """``tempo-<policy>``: Tempo with ``memory=<policy>`` (``conf/memory/<policy>.yaml``)."""
 OBS_SHAPE = (3, 64, 64)
@@ -85,7 +93,8 @@ def tempo_config(cell: MemoryCell) -> dict[str, Any]:
     overrides."""
     from tempo_rl.config import load_config
     memory = cell.system.removeprefix("tempo-") if cell.system != "jax" else "default"
-    return load_config(f"algorithm={cell.algorithm}", "env=synthetic", f"memory={memory}",
+    algorithm, overrides = VARIANTS.get(cell.algorithm, (cell.algorithm, ()))
+    return load_config(f"algorithm={algorithm}", *overrides, "env=synthetic", f"memory={memory}",
                        f"env.obs_shape=[{','.join(str(d) for d in OBS_SHAPE)}]",
                        f"env.num_envs={NUM_ENVS}", f"algorithm.num_steps={cell.num_steps}",
                        f"algorithm.learning_rate={cell.learning_rate}", "backend=jax",

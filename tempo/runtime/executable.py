@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,15 @@ from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
 from tempo.schedule import ast
-from tempo.schedule.memory import SCHEDULES, MemoryPolicy, donation_candidates, point_bytes, swapped_ops
+from tempo.schedule.memory import (
+    SCHEDULES,
+    SMALLEST,
+    SMALLEST_SLACK,
+    MemoryPolicy,
+    donation_candidates,
+    point_bytes,
+    swapped_ops,
+)
 from tempo.schedule.scheduler import Schedule, Statement, analyze_points, build_schedule
 from tempo.symbolic.expr import FALSE, TRUE, Expr, Slice, Symbol, compile_function
 
@@ -228,9 +236,11 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     kept = {rt.op.id for rt in outputs}
     policy = memory or MemoryPolicy()
     job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, stage)
-    if policy.budget_mb is None:
-        return job.compile(_passes_of(policy.schedule, passes), report)
-    return _within_budget(job, passes, report, policy.budget_mb)
+    if policy.budget_mb is not None:
+        return _within_budget(job, passes, report, policy.budget_mb)
+    if policy.schedule == SMALLEST:
+        return _smallest(job, passes, report)
+    return job.compile(_passes_of(policy.schedule, passes), report)
 
 
 @dataclass
@@ -280,28 +290,62 @@ class _Job:
         return exe
 
 
+@dataclass
+class _Candidate:
+    """A schedule compiled for comparison, with its report and predicted peak (MiB)."""
+
+    schedule: str
+    exe: Executable
+    report: CompileReport
+    peak_mb: float
+
+
+def _candidates(job: _Job, passes: Collection[str] | None) -> Iterator[_Candidate]:
+    """Each schedule of ``SCHEDULES`` (fastest first), compiled, with its predicted peak of
+    stored points (device and host)."""
+    for schedule in SCHEDULES:
+        attempt = CompileReport()
+        exe = job.compile(_passes_of(schedule, passes), attempt)
+        footprint = exe.predicted_footprint()
+        yield _Candidate(schedule, exe, attempt, (footprint.device.peak + footprint.host.peak) / 2**20)
+
+
+def _chosen(candidate: _Candidate, report: CompileReport, why: str, peaks: dict[str, float]) -> Executable:
+    """``candidate``'s executable, with its compile report merged into ``report`` and a note
+    saying why it was chosen."""
+    report.stages.update(candidate.report.stages)
+    report.sizes.update(candidate.report.sizes)
+    report.notes.extend([*candidate.report.notes, f"memory: the {candidate.schedule} schedule, {why} "
+                         f"(predicted: {_peaks_text(peaks)})"])
+    candidate.exe.report = report
+    return candidate.exe
+
+
 def _within_budget(job: _Job, passes: Collection[str] | None, report: CompileReport,
                    budget_mb: float) -> Executable:
     """The first schedule of ``SCHEDULES`` (fastest first) whose predicted peak of stored
     points fits ``budget_mb``; the report says which and why."""
     peaks: dict[str, float] = {}
-    for schedule in SCHEDULES:
-        attempt = CompileReport()
-        exe = job.compile(_passes_of(schedule, passes), attempt)
-        footprint = exe.predicted_footprint()
-        peaks[schedule] = (footprint.device.peak + footprint.host.peak) / 2**20
-        if peaks[schedule] <= budget_mb:
-            report.stages.update(attempt.stages)
-            report.sizes.update(attempt.sizes)
-            report.notes.extend([*attempt.notes, f"memory: the {schedule} schedule, the fastest whose "
-                                 f"predicted peak of stored points fits memory.budget_mb={budget_mb:g} "
-                                 f"(predicted: {_peaks_text(peaks)})"])
-            exe.report = report
-            return exe
+    for candidate in _candidates(job, passes):
+        peaks[candidate.schedule] = candidate.peak_mb
+        if candidate.peak_mb <= budget_mb:
+            return _chosen(candidate, report, "the fastest whose predicted peak of stored points fits "
+                           f"memory.budget_mb={budget_mb:g}", peaks)
     smallest = min(peaks, key=peaks.__getitem__)
     raise MemoryBudgetError(f"no schedule fits memory.budget_mb={budget_mb:g}: the predicted peaks of "
                             f"stored points are {_peaks_text(peaks)}; the smallest is {smallest} "
                             f"{peaks[smallest]:.1f} MiB")
+
+
+def _smallest(job: _Job, passes: Collection[str] | None, report: CompileReport) -> Executable:
+    """The schedule with the smallest predicted peak of stored points; a faster one within
+    ``SMALLEST_SLACK`` of it is kept instead."""
+    candidates = list(_candidates(job, passes))
+    least = min(c.peak_mb for c in candidates)
+    chosen = next(c for c in candidates if c.peak_mb <= least * SMALLEST_SLACK)
+    peaks = {c.schedule: c.peak_mb for c in candidates}
+    return _chosen(chosen, report, f"memory.schedule={SMALLEST}: the fastest predicted within "
+                   f"{SMALLEST_SLACK - 1:.0%} of the smallest peak of stored points", peaks)
 
 
 def _peaks_text(peaks: dict[str, float]) -> str:

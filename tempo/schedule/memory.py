@@ -38,6 +38,10 @@ from tempo.symbolic.expr import Symbol
 
 SCHEDULES = ("vectorized", "incremental")
 """The schedules a memory policy chooses from, fastest first."""
+SMALLEST = "smallest"
+"""``MemoryPolicy.schedule``: whichever of ``SCHEDULES`` is predicted to need the least."""
+SMALLEST_SLACK = 1.05
+"""``smallest`` keeps a faster schedule predicted within this factor of the smallest peak."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +61,11 @@ class MemoryPolicy:
     faster, 256K floats 2.6x faster)."""
     schedule: str = "vectorized"
     """Which schedule to compile: ``vectorized`` (the innermost dim laid out where it can
-    be: fast, and a rollout's per-step values wait for the learner) or ``incremental``
+    be: fast, and a rollout's per-step values wait for the learner), ``incremental``
     (no vectorization of the innermost dim: work that can trail acting does, with
-    gradients accumulated step by step; memory bounded where the program allows it)."""
+    gradients accumulated step by step; memory bounded where the program allows it) or
+    ``smallest`` (both compiled, the one with the smaller predicted peak of stored points
+    kept; the faster one unless the other is more than 5% smaller)."""
     budget_mb: float | None = None
     """When given, the fastest schedule (vectorized, else incremental) whose predicted
     peak of stored points (device and host, ``Executable.predicted_footprint``) fits;
@@ -69,8 +75,9 @@ class MemoryPolicy:
         for name in ("swap_min_bytes", "donate_min_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.schedule not in (*SCHEDULES, SMALLEST):
+            raise ValueError(f"schedule must be one of {', '.join((*SCHEDULES, SMALLEST))}, "
+                             f"got {self.schedule!r}")
         if self.budget_mb is not None and not self.budget_mb > 0:
             raise ValueError(f"budget_mb must be a positive number of MiB, got {self.budget_mb}")
 

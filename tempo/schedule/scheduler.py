@@ -162,19 +162,41 @@ def _schedule(poly: Polyhedral, needed: isl.UnionSet,
               reads: dict[Edge, isl.UnionMap]) -> isl.Schedule | None:
     """isl's execution schedule. Validity: every source point before the sink points that
     read it. Proximity: each sink point close to the latest point it reads (proximity to a
-    whole window would keep isl from fusing a producer with its window readers)."""
+    whole window would keep isl from fusing a producer with its window readers), away from
+    the bounds (see ``_steady``)."""
     validity = proximity = poly.union_map("{ }")
     for rel in reads.values():
         if rel.is_empty():
             continue
         validity = validity.union(rel.reverse())
-        proximity = proximity.union(rel.lexmax().reverse())
+        proximity = proximity.union(_steady(rel.lexmax()).reverse())
     try:
         sc = isl.ScheduleConstraints.on_domain(needed).set_context(poly.context()) \
             .set_validity(validity).set_proximity(proximity)
         return sc.compute_schedule()
     except isl.Error:
         return None
+
+
+def _steady(latest: isl.UnionMap) -> isl.UnionMap:
+    """The pieces of a read's latest points that do not depend on the bounds, where there
+    are any: ``r[t:min(t+n, T)]`` reads ``r[t+n-1]`` up to ``t = T-n`` and ``r[T-1]``
+    after. isl fuses a producer with a reader only if the distance along the proximity
+    edge stays within 2 everywhere; the tail piece alone (distance up to n-1 from the
+    shift that fuses the rest) would keep the n-step learner out of the acting loop."""
+    pieces: list[isl.BasicMap] = []
+    latest.foreach_map(lambda m: m.foreach_basic_map(pieces.append))
+    steady = [p for p in pieces if not _involves_bounds(p.gist_domain(p.domain()))]
+    if not steady or len(steady) == len(pieces):
+        return latest
+    out = isl.UnionMap.from_basic_map(steady[0])
+    for piece in steady[1:]:
+        out = out.union(isl.UnionMap.from_basic_map(piece))
+    return out
+
+
+def _involves_bounds(piece: isl.BasicMap) -> bool:
+    return piece.involves_dims(isl.dim_type.param, 0, piece.dim(isl.dim_type.param))
 
 
 def _uses(poly: Polyhedral, op: Op, readers: list[Edge], needed: isl.UnionSet,
