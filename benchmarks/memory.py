@@ -112,7 +112,11 @@ def run_tempo(cell: MemoryCell) -> dict[str, Any]:
     times = [cell.steps_per_iteration / row["charts/SPS"] for row in result.history]
     losses = [{k.removeprefix("losses/"): float(v) for k, v in row.items() if k.startswith("losses/")}
               for row in result.history]
-    return {"compile_s": result.compile_seconds, "iteration_s": times, "losses": losses}
+    chosen = [note.split(",")[0].removeprefix("memory: the ").removesuffix(" schedule")
+              for note in result.compile_notes if note.startswith("memory: the ")]
+    return {"compile_s": result.compile_seconds, "iteration_s": times, "losses": losses,
+            "stores_mb": [result.memory["device_peak_mb"], result.memory["host_peak_mb"]],
+            "schedule": chosen[0] if chosen else "vectorized"}
 
 
 def run_jax(cell: MemoryCell) -> dict[str, Any]:
@@ -147,6 +151,10 @@ class Row:
     peak_rss_mb: float | None = None
     losses: list[dict[str, float]] | None = None
     error: str = ""
+    stores_mb: list[float] | None = None
+    """Tempo's stores at their peak: device and host MiB."""
+    schedule: str = ""
+    """The schedule Tempo compiled."""
 
 
 def spawn(cell: MemoryCell, timeout: float) -> Row:
@@ -158,12 +166,12 @@ def spawn(cell: MemoryCell, timeout: float) -> Row:
     measured = times[cell.warmup:] or times
     first = sum(times[:cell.warmup]) if 0 < cell.warmup < len(times) else None
     return Row(cell, out["compile_s"], first, statistics.median(measured), out["peak_rss_mb"],
-               out["losses"])
+               out["losses"], stores_mb=out.get("stores_mb"), schedule=out.get("schedule", ""))
 
 
 # ---- tables ---------------------------------------------------------------------------------
-HEADERS = ["system", "T", "peak RSS MiB", "s/iteration", "compile s", "first iter s",
-           "RSS / jax", "s/iter / jax", "value loss first -> last"]
+HEADERS = ["system", "T", "peak RSS MiB", "stores MiB device / host", "schedule", "s/iteration",
+           "compile s", "first iter s", "RSS / jax", "s/iter / jax", "value loss first -> last"]
 
 
 def value_losses(row: Row) -> str:
@@ -184,8 +192,9 @@ def table(algorithm: str, rows: list[Row], markdown: bool) -> str:
             continue
         jax_row = ref.get(r.cell.num_steps)
         tempo = r.cell.system != "jax"
-        body.append([r.cell.label, str(r.cell.num_steps), fmt(r.peak_rss_mb, 0), fmt(r.iteration_s, 3),
-                     fmt(r.compile_s), fmt(r.first_s),
+        stores = f"{r.stores_mb[0]:.1f} / {r.stores_mb[1]:.1f}" if r.stores_mb else ""
+        body.append([r.cell.label, str(r.cell.num_steps), fmt(r.peak_rss_mb, 0), stores, r.schedule,
+                     fmt(r.iteration_s, 3), fmt(r.compile_s), fmt(r.first_s),
                      ratio(r.peak_rss_mb, jax_row and jax_row.peak_rss_mb) if tempo else "",
                      ratio(r.iteration_s, jax_row and jax_row.iteration_s) if tempo else "",
                      value_losses(r)])
@@ -203,6 +212,9 @@ FOOTNOTES = [
     "s/iteration: median of the measured iterations (Tempo: the interval between two iterations' "
     "metric sinks); first iter s: the warm-up iteration (Tempo's JAX backend jit-compiles its "
     "kernels in it).",
+    "stores: the peak bytes Tempo's stores held on the device and in host memory (swapped "
+    "tensors wait there with memory=low); schedule: the one Tempo compiled (memory=low: the "
+    "smaller predicted peak).",
     "compile s: Tempo's compile_seconds; the JAX baseline's jit lower + compile.",
     "ratios: the Tempo row over the JAX row at the same T; below 1x Tempo is smaller / faster.",
     "value loss: mean (V - R)^2 over the rollout at the first and last iteration (random streams "

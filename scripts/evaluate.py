@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tempo_rl.evaluate import evaluate  # noqa: E402 - after the path fix for running from a checkout
+from tempo.errors import TempoError  # noqa: E402 - after the path fix for running from a checkout
+from tempo_rl.evaluate import evaluate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -25,8 +26,17 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--video", type=Path, default=None, help="write the first episode as a GIF")
+    parser.add_argument("--env-id", default=None,
+                        help="the gymnasium id to play (default: the checkpoint's; ids of the form "
+                             "module:Env are taken from here only)")
     args = parser.parse_args(argv)
-    result = evaluate(args.checkpoint, episodes=args.episodes, seed=args.seed, video=args.video)
+    if args.episodes < 1:
+        parser.error(f"--episodes must be at least 1, got {args.episodes}")
+    try:
+        result = evaluate(args.checkpoint, episodes=args.episodes, seed=args.seed, video=args.video,
+                          env_id=args.env_id)
+    except (TempoError, ValueError) as e:
+        sys.exit(f"error: {e}")
     print(f"mean return {result.mean_return:.1f} over {len(result.returns)} episodes "
           f"(min {min(result.returns):.1f}, max {max(result.returns):.1f})"
           + (f"; video: {result.video}" if result.video else ""))

@@ -20,7 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tempo_rl.train import train  # noqa: E402 - after the path fix for running from a checkout
+from tempo.errors import TempoError  # noqa: E402 - after the path fix for running from a checkout
+from tempo_rl.metrics import TrainingDiverged  # noqa: E402
+from tempo_rl.options import ConfigError  # noqa: E402
+from tempo_rl.run_dir import RunDirError  # noqa: E402
+from tempo_rl.train import train  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -28,7 +32,10 @@ def main(cfg: DictConfig) -> float:
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" at INFO
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     plain = OmegaConf.to_container(cfg, resolve=True)
-    result = train(plain, out_dir, progress=bool(cfg.progress))
+    try:
+        result = train(plain, out_dir, progress=bool(cfg.progress))
+    except (ConfigError, TempoError, RunDirError, TrainingDiverged) as e:
+        sys.exit(f"error: {e}")  # a message, not a traceback: exit status 1
     mean = result.mean_return()
     print(f"{cfg.algorithm.name} on {cfg.env.id}: mean return of the last 20 episodes {mean:.1f} "
           f"({len(result.episode_returns)} episodes; compile {result.compile_seconds:.1f} s, "

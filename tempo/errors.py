@@ -77,3 +77,8 @@ class UDFError(TempoError):
 
 class MemoryBudgetError(TempoError):
     """No schedule the compiler can choose fits the memory budget (``MemoryPolicy.budget_mb``)."""
+
+
+class CheckpointError(TempoError):
+    """A checkpoint file that cannot be read: missing, damaged, not a checkpoint, or
+    holding anything but numeric arrays (pickled objects are never loaded)."""

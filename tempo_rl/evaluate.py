@@ -6,7 +6,7 @@ parameters are constants loaded from the checkpoint; the env steps in a UDF)."""
 
 from __future__ import annotations
 
-import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,10 +16,12 @@ import numpy as np
 
 import tempo as tp
 from tempo.api import checkpoint
+from tempo.errors import CheckpointError
 from tempo_rl.algorithms import algorithm
 from tempo_rl.algorithms.common import CategoricalPolicy, GaussianPolicy
+from tempo_rl.checkpoints import CONFIG_KEY, saved_config
 from tempo_rl.envs.normalize import CLIP, EPSILON, STATE_PREFIX
-from tempo_rl.train import CONFIG_KEY, algorithm_config
+from tempo_rl.train import algorithm_config
 
 
 @dataclass
@@ -72,29 +74,53 @@ class _FirstEpisodes:
 
 
 def evaluate(path: str | Path, episodes: int = 10, seed: int | None = None,
-             video: str | Path | None = None, max_steps: int | None = None) -> Evaluation:
+             video: str | Path | None = None, max_steps: int | None = None,
+             env_id: str | None = None) -> Evaluation:
     """Play ``episodes`` episodes with the greedy policy of checkpoint ``path`` (written by
-    ``tempo_rl.train``); ``video``: write the first episode as a GIF there."""
+    ``tempo_rl.train``); ``video``: write the first episode as a GIF there. ``env_id``: the
+    gymnasium id to play (by default the checkpoint's; an id that imports a module,
+    ``module:Env``, is taken from the caller only, never from a checkpoint)."""
+    if episodes < 1:
+        raise ValueError(f"episodes must be at least 1, got {episodes}")
+    out = Path(video) if video is not None else None
+    if out is not None:
+        _check_writable(out)
     saved = checkpoint.load(path)
     if CONFIG_KEY not in saved:
-        raise ValueError(f"{path} holds no run config; it was not written by tempo_rl.train")
-    cfg = json.loads(saved[CONFIG_KEY].tobytes().decode())
-    env_cfg = cfg["env"]
+        raise CheckpointError(f"{path} holds no run config; it was not written by tempo_rl.train")
+    cfg = saved_config(saved, path)
+    env_cfg = cfg.get("env", {})
     if env_cfg.get("kind", "gymnasium") != "gymnasium":
         raise ValueError(f"evaluation supports gymnasium envs, not {env_cfg.get('kind')!r}")
+    if env_id is None:
+        env_id = str(env_cfg.get("id"))
+        if ":" in env_id:
+            raise CheckpointError(f"{path} names the env {env_id!r}, which would import a module; "
+                                  "pass the id yourself (--env-id) if you trust it")
     seed = int(cfg["seed"]) + 10_000 if seed is None else seed  # episodes training did not see
-    env = _FirstEpisodes(env_cfg["id"], episodes, seed, record=video is not None)
+    env = _FirstEpisodes(env_id, episodes, seed, record=out is not None)
     if not isinstance(env.envs.single_action_space, gym.spaces.Discrete | gym.spaces.Box):
         raise ValueError(f"evaluation supports discrete and box actions, not "
                          f"{env.envs.single_action_space}")
     steps = max_steps or (env.envs.spec.max_episode_steps if env.envs.spec else None)
     if not steps:
-        raise ValueError(f"{env_cfg['id']} has no episode step limit; pass max_steps")
+        raise ValueError(f"{env_id} has no episode step limit; pass max_steps")
     _run_greedy(env, _policy_config(cfg), saved, steps)
-    out = Path(video) if video is not None else None
     if out is not None:
         _write_gif(env.frames, out)
     return Evaluation([float(r) for r in env.returns], [int(n) for n in env.lengths], out)
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before playing, not after, when the video cannot be written."""
+    if path.is_dir():
+        raise ValueError(f"the video path {path} is a directory; name a .gif file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write the video to {path}: {e.strerror or e}") from None
 
 
 def _policy_config(cfg: dict[str, Any]) -> Any:

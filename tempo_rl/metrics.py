@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import math
 import resource
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -35,21 +37,35 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+
+class TrainingDiverged(RuntimeError):
+    """A metric or the training state is not finite (NaN or infinite)."""
+
+
 class MetricLogger:
     """Called by the program's metric sink once per iteration, while it runs. Episodic
     return and length are the means over the episodes that ended in the iteration.
 
-    ``iterations`` is the whole run's; a resumed run starts at ``start_iteration``."""
+    ``iterations`` is the whole run's; a resumed run starts at ``start_iteration``, and
+    ``continues`` (the run dir of the checkpoint it resumes, when known) gives its
+    TensorBoard events up to there, so that the stream has each iteration once."""
 
     def __init__(self, out_dir: Path, env: Env, iterations: int, steps_per_iteration: int,
                  wandb_cfg: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
-                 progress: bool = True, start_iteration: int = 0):
+                 progress: bool = True, start_iteration: int = 0, continues: Path | None = None):
         from tensorboardX import FileWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
         from tensorboardX.proto.summary_pb2 import Summary
         self._summary = Summary
         self.env, self.iterations = env, iterations
         self.steps_per_iteration = steps_per_iteration
-        self.writer = FileWriter(str(out_dir / "tensorboard"), flush_secs=5)
+        events = out_dir / "tensorboard"
+        if start_iteration and continues is not None:
+            _copy_events(continues / "tensorboard", events)
+        self.writer = FileWriter(str(events), flush_secs=5)
+        if start_iteration:  # TensorBoard drops earlier events from this step on
+            purge = self.global_step(start_iteration)
+            self.writer.add_event(Event(step=purge, session_log=SessionLog(status=SessionLog.START)))
         self._flushed = time.perf_counter()
         self.wandb = _start_wandb(out_dir, wandb_cfg, config) if wandb_cfg else None
         self._bar_args = {"total": iterations, "initial": start_iteration, "desc": "training",
@@ -65,6 +81,7 @@ class MetricLogger:
         """The run begins now (after compiling): SPS and the progress bar count from here."""
         self.bar = tqdm(**self._bar_args)
         self._clock = time.perf_counter()
+        self._seen_episodes = len(self.env.episode_returns)  # a resumed run's come from its checkpoint
 
     def global_step(self, iteration: int) -> int:
         """Env steps taken by the end of ``iteration`` (counted from the run's start, also
@@ -95,6 +112,11 @@ class MetricLogger:
             self._flushed = now
         row["iteration"] = iteration
         self.history.append(row)
+        diverged = next((name for name in names if not math.isfinite(row[name])), None)
+        if diverged is not None:
+            raise TrainingDiverged(f"iteration {iteration}: {diverged} is {row[diverged]} (the learning "
+                                   "diverged; try a smaller algorithm.learning_rate); no checkpoint is "
+                                   "written from this iteration on")
         shown = f"{sum(recent) / len(recent):.1f}" if recent else "-"
         if self.bar is not None:
             self.bar.set_postfix(ret=shown, SPS=f"{row['charts/SPS']:.0f}")
@@ -122,6 +144,15 @@ class MetricLogger:
         self.writer.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def _copy_events(source: Path, target: Path) -> None:
+    """The event files of ``source`` (another run's TensorBoard dir) into ``target``."""
+    if not source.is_dir() or source.resolve() == target.resolve():
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    for events in source.glob("events.out.tfevents.*"):
+        shutil.copy2(events, target / events.name)
 
 
 def _start_wandb(out_dir: Path, cfg: dict[str, Any], config: dict[str, Any] | None) -> Any:

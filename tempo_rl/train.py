@@ -4,7 +4,6 @@ sinks, compile it for all iterations, and run it."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,11 +12,11 @@ from typing import Any
 import numpy as np
 
 import tempo as tp
-from tempo.api import checkpoint
-from tempo_rl.algorithms import TrainProgram, algorithm
+from tempo_rl import checkpoints, run_dir
+from tempo_rl.algorithms import algorithm
 from tempo_rl.envs import BraxEnv, Env, GymnasiumEnv, GymnaxEnv, NormalizedObservations, SyntheticEnv
-from tempo_rl.envs.normalize import STATE_PREFIX
 from tempo_rl.metrics import MIB, MetricLogger, peak_rss_bytes
+from tempo_rl.options import AT_LEAST_ONE, ConfigError, EnvOptions, RunOptions, check_options, check_value
 
 
 @dataclass
@@ -62,6 +61,12 @@ def _base_env(cfg: dict[str, Any], seed: int) -> Env:
                      f"'brax' and 'synthetic'")
 
 
+def _run_dir_of(checkpoint_path: str) -> Path | None:
+    """The run dir that wrote a checkpoint at ``<run>/checkpoints/<name>.npz``."""
+    path = Path(checkpoint_path).resolve()
+    return path.parent.parent if path.parent.name == "checkpoints" else None
+
+
 def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) -> Any:
     """The algorithm's dataclass from the config's algorithm and network groups; unknown
     keys are an error, not ignored."""
@@ -76,21 +81,46 @@ def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) ->
     return cls(**values)
 
 
-ENV_KEY = "__env__"
-"""Checkpoint entry holding the env's pickled state (bytes as uint8)."""
-NORMALIZATION_KEY = STATE_PREFIX + "mean"
-"""Present in checkpoints of runs with normalized observations."""
-CONFIG_KEY = "__config__"
-"""Checkpoint entry holding the run's config as JSON (bytes as uint8), for evaluation."""
-
-
 def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainResult:
     """Run the training ``cfg`` describes (the Hydra config as a plain dict).
 
-    With ``resume_from``, the run continues the checkpointed one exactly: parameters,
-    optimizer state, the env's episodes in progress, and (through the program's origin)
-    the random draws and iteration-dependent values such as the annealed learning rate."""
+    Options are checked first (``tempo_rl.options``), then the checkpoint to resume from
+    (``tempo_rl.checkpoints``) and the run dir, which the run holds while it trains. With
+    ``resume_from``, the run continues the checkpointed one exactly: parameters, optimizer
+    state, the env's episodes in progress, and (through the program's origin) the random
+    draws and iteration-dependent values such as the annealed learning rate."""
     out_dir = Path(out_dir)
+    check_config(cfg)
+    saved = None
+    if cfg.get("resume_from"):
+        saved = checkpoints.read(cfg["resume_from"])
+        checkpoints.check_resumable(saved, cfg, cfg["resume_from"])
+    with run_dir.claimed(out_dir):
+        return _train(cfg, out_dir, saved, progress)
+
+
+def check_config(cfg: dict[str, Any]) -> None:
+    """Every option's type and range (``tempo_rl.options``), and that the run is a whole
+    number of iterations."""
+    check_options(RunOptions, cfg)
+    check_options(EnvOptions, cfg["env"], "env.")
+    algo = cfg["algorithm"]
+    check_value("algorithm.num_steps", algo.get("num_steps"), int, AT_LEAST_ONE)
+    cls, _ = algorithm(algo["name"])
+    check_options(cls, algo, "algorithm.")
+    check_options(cls, cfg.get("network", {}), "network.")
+    num_envs = cfg["env"].get("num_envs", EnvOptions.num_envs)
+    per_iteration = algo["num_steps"] * num_envs
+    total = cfg["total_timesteps"]
+    if total % per_iteration:
+        fewer, more = total // per_iteration * per_iteration, (total // per_iteration + 1) * per_iteration
+        raise ConfigError(f"total_timesteps={total} is not a whole number of iterations of {per_iteration} "
+                          f"steps (algorithm.num_steps={algo['num_steps']} x env.num_envs={num_envs}); "
+                          f"use {fewer or more}" + (f" or {more}" if fewer else ""))
+
+
+def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | None,
+           progress: bool) -> TrainResult:
     seed = int(cfg["seed"])
     env = make_env(cfg["env"], seed)
     algo = cfg["algorithm"]
@@ -101,17 +131,15 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     num_steps = int(algo["num_steps"])
     per_iteration = num_steps * env.num_envs
     total = int(cfg["total_timesteps"]) // per_iteration
-    if total < 1:
-        raise ValueError(f"total_timesteps={cfg['total_timesteps']} is less than one iteration "
-                         f"({num_steps} steps x {env.num_envs} envs)")
-    first = _resume(program, env, cfg["resume_from"]) if cfg.get("resume_from") else 0
+    first = checkpoints.restore(program, env, saved, cfg["resume_from"]) if saved is not None else 0
     if first >= total:
         raise ValueError(f"the checkpoint is at iteration {first - 1}; total_timesteps="
                          f"{cfg['total_timesteps']} has {total} iterations, none left to run")
     logs = cfg.get("logger", {})
     logger = MetricLogger(out_dir, env, total, per_iteration,
                           wandb_cfg=logs.get("wandb") if logs.get("wandb", {}).get("enabled") else None,
-                          config=cfg, progress=progress, start_iteration=first)
+                          config=cfg, progress=progress, start_iteration=first,
+                          continues=_run_dir_of(cfg["resume_from"]) if first else None)
     ctx = program.ctx
     i, I = program.dim("i"), program.bound("i")
     names = list(program.metrics)
@@ -126,7 +154,7 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
                 name="metrics")
         # Sinks see the whole run's iteration numbers (the origin): i + first here.
         when = i == I - 1 if every <= 0 else ((i + first + 1) % every == 0) | (i == I - 1)
-        _save_checkpoints(program, env, cfg, target, when, keep=bool(cfg.get("keep_checkpoints")))
+        checkpoints.save_sink(program, env, cfg, target, when, keep=bool(cfg.get("keep_checkpoints")))
     start = time.perf_counter()
     passes = cfg.get("passes")
     exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "numpy"),
@@ -154,39 +182,3 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     return TrainResult(list(env.episode_returns), logger.history, compiled - start,
                        time.perf_counter() - compiled, target if target.exists() else None,
                        exe.report.notes, memory)
-
-
-def _save_checkpoints(program: TrainProgram, env: Env, cfg: dict[str, Any], target: Path,
-                      when: Any, keep: bool) -> None:
-    """A sink writing parameters, optimizer state, the env's state and the run's config at
-    each iteration where ``when`` holds, to ``target`` (and ``iteration_<i>.npz`` beside it
-    if ``keep``), atomically."""
-    config = np.frombuffer(json.dumps(cfg, default=str).encode(), np.uint8)
-    names = list(program.state)
-    saved = program.rollout.saved if program.rollout is not None else None
-    inputs = [program.state[n] for n in names] + ([saved] if saved is not None else [])
-
-    def write(values: list[np.ndarray], point: dict[str, int]) -> None:
-        arrays = dict(zip(names, values))
-        arrays[ENV_KEY] = np.frombuffer(env.snapshot(point["i"]), np.uint8)
-        arrays[CONFIG_KEY] = config
-        arrays[checkpoint.POINT_KEY] = np.asarray([point["i"]], np.int64)
-        checkpoint.write_atomically(target, arrays)
-        if keep:
-            checkpoint.write_atomically(target.with_name(f"iteration_{point['i']}.npz"), arrays)
-    tp.sink(inputs, write, name="checkpoint", when=when)
-
-
-def _resume(program: TrainProgram, env: Env, path: str) -> int:
-    """Load a checkpoint into the program and env; the iteration to continue from."""
-    saved = checkpoint.load(path)
-    if ENV_KEY not in saved:
-        raise ValueError(f"{path} holds no env state; it was not written by tempo_rl.train")
-    program.optimizer.load_state(saved)
-    if isinstance(env, NormalizedObservations):
-        env.load_state(saved)
-    elif NORMALIZATION_KEY in saved:
-        raise ValueError(f"{path} was written by a run with env.normalize_obs=true; resume it "
-                         f"with the same setting")
-    env.restore(saved[ENV_KEY].tobytes())
-    return int(saved[checkpoint.POINT_KEY][0]) + 1

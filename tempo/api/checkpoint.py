@@ -4,12 +4,18 @@
 where ``when`` holds (e.g. ``(i + 1) % 100 == 0``). Each write goes to a temporary file in
 the same directory, is flushed to disk, and then renamed over the target, so a crash
 mid-write leaves the previous checkpoint intact. ``load`` reads one back.
+
+A checkpoint holds numeric arrays only (structure goes in JSON documents stored as uint8
+arrays). Loading never unpickles: a file holding Python objects is refused, as is a
+damaged one, with a ``CheckpointError`` naming the file and what is wrong with it.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +23,7 @@ import numpy as np
 
 from tempo.api.functions import sink
 from tempo.api.tensor import RecurrentTensor
-from tempo.errors import TempoError
+from tempo.errors import CheckpointError, TempoError
 
 POINT_KEY = "__point__"
 
@@ -54,9 +60,39 @@ def write_atomically(target: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def load(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The arrays of a checkpoint (and its point under ``__point__``)."""
+    """The arrays of a checkpoint (and its point under ``__point__``); numeric arrays only."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}")
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a checkpoint file (.npz)")
     try:
-        with np.load(path) as data:
-            return {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise TempoError(f"no checkpoint at {path}") from None
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{path} is a single array (.npy), not a checkpoint (.npz)")
+        with data:
+            return {name: _numeric(path, name, data) for name in data.files}
+    except CheckpointError:
+        raise
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint: {_reason(e)}") from None
+
+
+def _numeric(path: Path, name: str, data: Any) -> np.ndarray:
+    try:
+        array = data[name]
+    except ValueError:  # numpy refuses object arrays without allow_pickle
+        raise CheckpointError(f"{path}: entry {name!r} holds Python objects (a pickle); checkpoints "
+                              "hold numeric arrays only and this one is refused") from None
+    if array.dtype.kind not in "biufc":
+        raise CheckpointError(f"{path}: entry {name!r} is a {array.dtype} array; checkpoints hold "
+                              "numeric arrays only")
+    return array
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, EOFError) or not str(error):
+        return "the file is empty or truncated"
+    if "pickle" in str(error):
+        return "it is neither an .npz archive nor an .npy array (it would need unpickling)"
+    return str(error).splitlines()[0]

@@ -269,7 +269,12 @@ def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, s
     def call(point: dict[Symbol, int], *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
         args = ({s.name: v for s, v in point.items() if s.kind == "dim"}, *inputs) \
             if pass_point else inputs
-        result = fn(*args)
+        try:
+            result = fn(*args)
+        except Exception as err:
+            at = {s.name: v for s, v in point.items() if s.kind == "dim"}
+            err.add_note(f"raised in UDF {label!r} at {at}" + (f", defined at {site}" if site else ""))
+            raise
         if len(out_types) == 1:
             values: tuple = (result,)
         elif result is None or isinstance(result, (tuple, list)):

@@ -84,6 +84,8 @@ class Optimizer:
         """Name → the value each parameter and state takes at the next iteration (an RT at
         the current one): what a checkpoint saves."""
         self._stepped = False
+        self.grad_norm: RecurrentTensor | None = None
+        """The gradients' joint L2 norm before clipping (set by ``step``), e.g. to log."""
 
     def state(self, name: str, like: RecurrentTensor, fill: float = 0.0) -> State:
         """A state tensor shaped like parameter ``like``."""
@@ -101,8 +103,9 @@ class Optimizer:
                              "iteration once", user_site())
         self._stepped = True
         grads = [p.grad for p in self.params]
+        self.grad_norm = global_norm(grads)
         if self.max_grad_norm is not None:
-            grads = clip_by_global_norm(grads, self.max_grad_norm)
+            grads = clip_by_global_norm(grads, self.max_grad_norm, self.grad_norm)
         count = self._add_state(State(self.ctx, "count", (), "float32", self.params[0].domain))
         count.define_next(count.value + 1.0)
         for k, (p, g) in enumerate(zip(self.params, grads)):
@@ -204,14 +207,21 @@ class RMSprop(Optimizer):
         return g / (nu_next + self.eps).sqrt()
 
 
-def clip_by_global_norm(grads: Sequence[RecurrentTensor], max_norm: float) -> list[RecurrentTensor]:
-    """Scale all gradients by ``max_norm / norm`` when their joint norm exceeds it."""
-    from tempo.api.functions import where
+def global_norm(grads: Sequence[RecurrentTensor]) -> RecurrentTensor:
+    """The joint L2 norm of all gradients."""
     total = None
     for g in grads:
         sq = (g * g).sum()
         total = sq if total is None else total + sq
-    norm = total.sqrt()
+    return total.sqrt()
+
+
+def clip_by_global_norm(grads: Sequence[RecurrentTensor], max_norm: float,
+                        norm: RecurrentTensor | None = None) -> list[RecurrentTensor]:
+    """Scale all gradients by ``max_norm / norm`` when their joint norm (``norm``, computed
+    if not given) exceeds it."""
+    from tempo.api.functions import where
+    norm = global_norm(grads) if norm is None else norm
     return [where(norm < max_norm, g, g / norm * max_norm) for g in grads]
 
 
@@ -229,6 +239,8 @@ def replace_constant(const: RecurrentTensor, array: np.ndarray, name: str) -> No
     array = np.asarray(array)
     if array.shape != current.shape:
         raise TempoError(f"{name} has shape {current.shape}, the checkpoint's {array.shape}")
+    if array.dtype.kind != current.dtype.kind:
+        raise TempoError(f"{name} is {current.dtype}, the checkpoint's {array.dtype}")
     const.op.params["value"] = array.astype(current.dtype)
 
 

@@ -341,6 +341,10 @@ class RecurrentTensor:
                                  f"{self.op.name} of shape {_fmt(self.shape)}", user_site()) from None
             value = value.expand(self.shape)
         if value.dtype != self.dtype:
+            if not _widens(value.dtype, self.dtype):
+                raise ShapeError(f"the value assigned to {self.op.name} is {value.dtype}, the placeholder "
+                                 f"{self.dtype}: convert it with .astype({str(self.dtype)!r}) if that is "
+                                 f"what you mean", user_site())
             value = value.astype(self.dtype)
         phi = tuple(shifts.get(d, d) for d in value.domain)
         self.ctx.add_branch(self.op, value, phi, cond)
@@ -412,6 +416,13 @@ def _temporal_entry(ctx: Context, entry: Any, dim: Symbol) -> IndexEntry:
                           "use it to assign a placeholder branch", user_site())
     ctx.check_symbols(expr, "a temporal index")
     return expr
+
+
+def _widens(source: Any, target: Any) -> bool:
+    """Whether ``source`` values convert to ``target`` without losing their kind (bool or
+    int to int or float, a narrower float to a wider one): what a branch may assign."""
+    src, dst = np.dtype(source), np.dtype(target)
+    return np.can_cast(src, dst, "safe") or (src.kind in "biu" and dst.kind == "f")
 
 
 def lift(ctx: Context, value: Any, like: RecurrentTensor | None = None) -> RecurrentTensor:

@@ -13,19 +13,20 @@ from tempo.api.distributions import Categorical, Normal
 from tempo.api.tensor import RecurrentTensor, arange
 from tempo.symbolic.expr import Expr, Symbol
 from tempo_rl.envs.base import Env, Rollout
+from tempo_rl.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, option
 
 
 @dataclass
 class ActorCriticConfig:
     """Options every actor-critic builder here shares (CleanRL's names)."""
 
-    gamma: float = 0.99
-    learning_rate: float = 1e-3
-    hidden: tuple[int, ...] = (64, 64)
+    gamma: float = option(0.99, UNIT)
+    learning_rate: float = option(1e-3, POSITIVE)
+    hidden: tuple[int, ...] = option((64, 64), AT_LEAST_ONE)
     activation: str = "tanh"
-    vf_coef: float = 0.5
+    vf_coef: float = option(0.5, NON_NEGATIVE)
     normalize_advantages: bool = True
-    max_grad_norm: float | None = 0.5
+    max_grad_norm: float | None = option(0.5, POSITIVE)
 
 
 @dataclass

@@ -27,12 +27,13 @@ from tempo_rl.algorithms.common import (
     truncated_returns,
 )
 from tempo_rl.envs import Env
+from tempo_rl.options import AT_LEAST_ONE, NON_NEGATIVE, option
 
 
 @dataclass
 class NStepConfig(ActorCriticConfig):
-    n: int = 5
-    ent_coef: float = 0.01
+    n: int = option(5, AT_LEAST_ONE)
+    ent_coef: float = option(0.01, NON_NEGATIVE)
     anneal_lr: bool = False
 
 
@@ -70,7 +71,7 @@ def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
         opt = optim.Adam(params, lr=lr, max_grad_norm=cfg.max_grad_norm)
         opt.step()
     metrics = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
-               "losses/entropy": entropy}
+               "losses/entropy": entropy, "losses/grad_norm": opt.grad_norm}
     if cfg.anneal_lr:
         metrics["charts/learning_rate"] = lr
     values = {"returns": returns, "advantage": advantage, "reward": ro.reward,

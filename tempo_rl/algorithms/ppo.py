@@ -30,20 +30,21 @@ from tempo_rl.algorithms.common import (
     standardize,
 )
 from tempo_rl.envs import Env
+from tempo_rl.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, option
 
 
 @dataclass
 class PPOConfig(ActorCriticConfig):
-    num_steps: int = 128
-    learning_rate: float = 2.5e-4
+    num_steps: int = option(128, AT_LEAST_ONE)
+    learning_rate: float = option(2.5e-4, POSITIVE)
     anneal_lr: bool = True
-    gae_lambda: float = 0.95
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    clip_coef: float = 0.2
+    gae_lambda: float = option(0.95, UNIT)
+    update_epochs: int = option(4, AT_LEAST_ONE)
+    num_minibatches: int = option(4, AT_LEAST_ONE)
+    clip_coef: float = option(0.2, NON_NEGATIVE)
     clip_vloss: bool = True
-    ent_coef: float = 0.01
-    adam_eps: float = 1e-5
+    ent_coef: float = option(0.01, NON_NEGATIVE)
+    adam_eps: float = option(1e-5, POSITIVE)
 
 
 def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
@@ -115,7 +116,7 @@ def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
     last = {name: x[i, U - 1] for name, x in {
         "losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
         "losses/entropy": entropy, "losses/approx_kl": approx_kl,
-        "losses/clipfrac": clipfrac}.items()}
+        "losses/clipfrac": clipfrac, "losses/grad_norm": opt.grad_norm}.items()}
     metrics = {**last, "losses/explained_variance": explained}
     if cfg.anneal_lr:
         metrics["charts/learning_rate"] = lr

@@ -22,11 +22,12 @@ from tempo_rl.algorithms.common import (
     truncated_returns,
 )
 from tempo_rl.envs import Env
+from tempo_rl.options import POSITIVE, option
 
 
 @dataclass
 class ReinforceConfig(ActorCriticConfig):
-    learning_rate: float = 3e-3
+    learning_rate: float = option(3e-3, POSITIVE)
     baseline: bool = True
 
 
@@ -56,7 +57,7 @@ def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
         params = policy.parameters() + (critic.parameters() if cfg.baseline else [])
         opt = optim.Adam(params, lr=cfg.learning_rate, max_grad_norm=cfg.max_grad_norm)
         opt.step()
-    metrics = {"losses/policy_loss": policy_loss}
+    metrics = {"losses/policy_loss": policy_loss, "losses/grad_norm": opt.grad_norm}
     if value_loss is not None:
         metrics["losses/value_loss"] = value_loss
     values = {"returns": returns, "advantage": advantage, "reward": ro.reward,

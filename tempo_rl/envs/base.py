@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pickle
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,6 +37,9 @@ class Rollout:
 class EpisodeStats:
     """Returns and lengths of finished episodes, accumulated step by step on the host."""
 
+    KEPT = 100
+    """Finished episodes a snapshot keeps."""
+
     def __init__(self, num_envs: int):
         self.returns: list[float] = []
         self.lengths: list[int] = []
@@ -63,6 +66,12 @@ class EpisodeStats:
         self.lengths.append(int(self.running_length[k]))
         self.running_return[k], self.running_length[k] = 0.0, 0
 
+    def finished(self) -> dict[str, np.ndarray]:
+        """The last ``KEPT`` finished episodes, for a snapshot (a resumed run's summary
+        covers the whole run)."""
+        return {"finished_returns": np.asarray(self.returns[-self.KEPT:], np.float64),
+                "finished_lengths": np.asarray(self.lengths[-self.KEPT:], np.int64)}
+
     def in_progress(self, k: int | None = None) -> dict[str, np.ndarray]:
         """The episodes under way (of env ``k``, or all), for a snapshot."""
         pick = slice(None) if k is None else k
@@ -70,34 +79,43 @@ class EpisodeStats:
                 "running_length": np.array(self.running_length[pick])}
 
     def resume(self, saved: dict[str, np.ndarray]) -> None:
-        self.running_return = saved["running_return"].copy()
-        self.running_length = saved["running_length"].copy()
+        for name in ("running_return", "running_length"):
+            if saved[name].shape != getattr(self, name).shape:
+                raise ValueError(f"the env state's {name} has shape {saved[name].shape}, this env's "
+                                 f"{getattr(self, name).shape} (another number of envs)")
+        self.running_return = saved["running_return"].astype(self.running_return.dtype)
+        self.running_length = saved["running_length"].astype(self.running_length.dtype)
+        if "finished_returns" in saved:
+            self.returns = [float(r) for r in saved["finished_returns"]]
+            self.lengths = [int(n) for n in saved["finished_lengths"]]
 
 
 class Snapshots:
-    """An env's pickled state at the end of the last few iterations, for checkpoints."""
+    """An env's state at the end of the last few iterations, for checkpoints: named
+    numeric arrays (structure as JSON in a uint8 array), never Python objects."""
 
     KEPT = 4
 
     def __init__(self) -> None:
-        self._by_iteration: dict[int, bytes] = {}
-        self._parts: dict[int, dict[int, dict[str, Any]]] = {}
+        self._by_iteration: dict[int, dict[str, np.ndarray]] = {}
+        self._parts: dict[int, dict[int, dict[str, np.ndarray]]] = {}
 
     def keep(self, iteration: int, state: dict[str, Any]) -> None:
-        self._by_iteration[iteration] = pickle.dumps(state)
+        self._by_iteration[iteration] = {name: np.array(value) for name, value in state.items()}
         for old in [k for k in self._by_iteration if k <= iteration - self.KEPT]:
             del self._by_iteration[old]
 
-    def keep_env(self, iteration: int, k: int, num_envs: int, state: dict[str, Any]) -> None:
+    def keep_env(self, iteration: int, k: int, num_envs: int, state: dict[str, Any],
+                 shared: Callable[[], dict[str, Any]]) -> None:
         """Env ``k``'s part of the state after ``iteration`` (when the env dim was not laid
-        out, each env keeps its own); kept as a whole once every env has."""
+        out, each env keeps its own); kept as a whole, with ``shared()``, once every env has."""
         parts = self._parts.setdefault(iteration, {})
         parts[k] = state
         if len(parts) == num_envs:
             del self._parts[iteration]
-            self.keep(iteration, _stacked_parts([parts[n] for n in range(num_envs)]))
+            self.keep(iteration, {**_stacked_parts([parts[n] for n in range(num_envs)]), **shared()})
 
-    def get(self, iteration: int) -> bytes:
+    def get(self, iteration: int) -> dict[str, np.ndarray]:
         try:
             return self._by_iteration[iteration]
         except KeyError:
@@ -106,18 +124,31 @@ class Snapshots:
 
 
 def _stacked_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-env states as one: arrays stacked, lists of arrays stacked item by item, other
-    objects listed."""
+    """Per-env states as one: entries every env has stacked, entries of one env (named
+    after it) kept."""
     out: dict[str, Any] = {}
-    for key, first in parts[0].items():
-        values = [p[key] for p in parts]
-        if isinstance(first, list):
-            out[key] = [np.stack(column) for column in zip(*values)]
-        elif isinstance(first, (np.ndarray, np.generic, float, int)):
-            out[key] = np.stack(values)
-        else:
-            out[key] = values
+    for part in parts:
+        for key, value in part.items():
+            if all(key in p for p in parts):
+                out.setdefault(key, np.stack([p[key] for p in parts]))
+            else:
+                out[key] = value
     return out
+
+
+def json_array(document: Any) -> np.ndarray:
+    """``document`` as JSON, in a uint8 array (a checkpoint entry)."""
+    return np.frombuffer(json.dumps(document).encode(), np.uint8).copy()
+
+
+def from_json_array(array: np.ndarray, what: str) -> Any:
+    """The JSON document ``json_array`` stored; ``what`` names it in errors."""
+    if array.dtype != np.uint8 or array.ndim != 1:
+        raise ValueError(f"{what} is not a JSON document (a {array.dtype} array of shape {array.shape})")
+    try:
+        return json.loads(array.tobytes().decode())
+    except ValueError as e:
+        raise ValueError(f"{what} is not valid JSON ({e})") from None
 
 
 class EnvBase:
@@ -144,8 +175,20 @@ class EnvBase:
     def episode_lengths(self) -> list[int]:
         return self.stats.lengths
 
-    def snapshot(self, iteration: int) -> bytes:
+    def snapshot(self, iteration: int) -> dict[str, np.ndarray]:
         return self.snapshots.get(iteration)
+
+    def _restored_stats(self, saved: dict[str, np.ndarray], names: tuple[str, ...]) -> None:
+        """Check that ``saved`` has ``names`` (and the episodes in progress) for
+        ``num_envs`` envs, then continue its episodes."""
+        missing = sorted({*names, "running_return", "running_length"} - set(saved))
+        if missing:
+            raise ValueError(f"the env state has no {missing}; it was written by another kind of env "
+                             f"(it has {sorted(saved)})")
+        for name, value in saved.items():
+            if value.dtype.kind not in "biuf":
+                raise ValueError(f"the env state's {name!r} is a {value.dtype} array, not numbers")
+        self.stats.resume(saved)
 
     def _dims(self, b: Symbol, i: Symbol) -> None:
         self._env_dim, self._iteration_dim = b.name, i.name
@@ -156,9 +199,10 @@ class EnvBase:
         iteration = point[self._iteration_dim]
         k = point.get(self._env_dim)
         if k is None:
-            self.snapshots.keep(iteration, {**state, **self.stats.in_progress()})
+            self.snapshots.keep(iteration, {**state, **self.stats.in_progress(), **self.stats.finished()})
         else:
-            self.snapshots.keep_env(iteration, k, self.num_envs, {**state, **self.stats.in_progress(k)})
+            self.snapshots.keep_env(iteration, k, self.num_envs, {**state, **self.stats.in_progress(k)},
+                                    self.stats.finished)
         return iteration
 
     def _record_rollout(self, point: dict[str, int], rewards: np.ndarray, dones: np.ndarray) -> None:
@@ -207,12 +251,12 @@ class Env(Protocol):
         any extra RTs."""
         ...
 
-    def snapshot(self, iteration: int) -> bytes:
+    def snapshot(self, iteration: int) -> dict[str, np.ndarray]:
         """The env's state (episodes in progress, RNG, statistics) at the end of
-        ``iteration``, for a checkpoint."""
+        ``iteration``, for a checkpoint: named numeric arrays."""
         ...
 
-    def restore(self, state: bytes) -> None:
+    def restore(self, state: dict[str, np.ndarray]) -> None:
         """Continue from a snapshot: the next rollout starts where it was taken."""
         ...
 

@@ -14,14 +14,13 @@ and the env is reset in the same step. Between iterations the envs' state is kep
 
 from __future__ import annotations
 
-import pickle
-
 import gymnasium as gym
 import numpy as np
 
 import tempo as tp
 from tempo.symbolic.expr import Symbol
-from tempo_rl.envs.base import EnvBase, Policy, Rollout, saved_marker
+from tempo_rl.envs import gym_state
+from tempo_rl.envs.base import EnvBase, Policy, Rollout, from_json_array, json_array, saved_marker
 
 
 class GymnasiumEnv(EnvBase):
@@ -75,19 +74,24 @@ class GymnasiumEnv(EnvBase):
 
     # ---- checkpoints -------------------------------------------------------------------
     def _carry(self, point: dict[str, int], last_obs: np.ndarray) -> tuple[np.ndarray, np.float32]:
-        """Between iterations: keep the state the next iteration starts from."""
+        """Between iterations: keep the state the next iteration starts from (each env's
+        as JSON under ``env<k>``, see ``gym_state``)."""
         k = point.get(self._env_dim)
-        envs = self.envs if k is None else self.envs[k]
-        iteration = self._keep_snapshot(point, {"envs": envs, "obs": last_obs})
+        envs = dict(enumerate(self.envs)) if k is None else {k: self.envs[k]}
+        state = {f"env{n}": json_array(gym_state.dump(env)) for n, env in envs.items()}
+        iteration = self._keep_snapshot(point, {"obs": last_obs, **state})
         return last_obs, np.full(np.shape(last_obs)[:1] if k is None else (), iteration, np.float32)
 
-    def restore(self, state: bytes) -> None:
-        saved = pickle.loads(state)
-        if len(saved["envs"]) != self.num_envs:
-            raise ValueError(f"the snapshot holds {len(saved['envs'])} envs, this env {self.num_envs}")
-        self.envs = list(saved["envs"])
-        self._restored_obs = saved["obs"]
-        self.stats.resume(saved)
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        envs = [f"env{k}" for k in range(self.num_envs)]
+        self._restored_stats(state, ("obs", *envs))
+        stored = sorted(name for name in state if name.startswith("env") and name[3:].isdigit())
+        if len(stored) != self.num_envs or state["obs"].shape != (self.num_envs, *self.obs_shape):
+            raise ValueError(f"the env state holds {len(stored)} envs with observations of shape "
+                             f"{state['obs'].shape}; this env has {self.num_envs} of shape {self.obs_shape}")
+        for name, env in zip(envs, self.envs):
+            gym_state.load(env, from_json_array(state[name], f"the env state's {name}"))
+        self._restored_obs = state["obs"].astype(np.float32)
 
     # ---- program side ------------------------------------------------------------------
     def rollout(self, policy: Policy, b: Symbol, i: Symbol, t: Symbol, T: Symbol) -> Rollout:

@@ -11,7 +11,6 @@ Subclasses (gymnax, Brax) say how to reset and step one env.
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import jax
@@ -72,15 +71,19 @@ class JaxEnv(EnvBase):
         """Between iterations (of one env, or all): count the iteration's episodes, keep
         the state the next one starts from."""
         self._record_rollout(point, rewards, dones)
-        iteration = self._keep_snapshot(point, {"obs": obs, "leaves": list(leaves)})
+        state = {"obs": obs, **{f"leaf{n}": leaf for n, leaf in enumerate(leaves)}}
+        iteration = self._keep_snapshot(point, state)
         return (obs, *leaves, np.full(rewards.shape[:-1], iteration, np.float32))
 
-    def restore(self, state: bytes) -> None:
-        saved = pickle.loads(state)
-        if saved["obs"].shape != (self.num_envs, *self.obs_shape):
-            raise ValueError(f"the snapshot holds observations of shape {saved['obs'].shape}")
-        self._initial = (saved["obs"], saved["leaves"])
-        self.stats.resume(saved)
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        names = [f"leaf{n}" for n in range(len(self._leaf_types))]
+        self._restored_stats(state, ("obs", *names))
+        wanted = [(self.obs_shape, "float32"), *self._leaf_types]
+        for name, (shape, dtype) in zip(["obs", *names], wanted):
+            if state[name].shape != (self.num_envs, *shape) or state[name].dtype != np.dtype(dtype):
+                raise ValueError(f"the env state's {name} is {state[name].dtype}{list(state[name].shape)}, "
+                                 f"this env's {dtype}{[self.num_envs, *shape]}")
+        self._initial = (state["obs"], [state[name] for name in names])
 
     def rollout(self, policy: Policy, b: Symbol, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
         obs_type = (self.obs_shape, "float32")

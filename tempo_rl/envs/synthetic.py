@@ -15,8 +15,6 @@ draws (``tp.normal`` keyed by the point), so runs are reproducible and resume ex
 
 from __future__ import annotations
 
-import pickle
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,12 +69,12 @@ class SyntheticEnv(EnvBase):
         iteration = self._keep_snapshot(point, {"obs": obs, "count": count})
         return obs, count, np.full(np.shape(count), iteration, np.float32)
 
-    def restore(self, state: bytes) -> None:
-        saved = pickle.loads(state)
-        if saved["obs"].shape != (self.num_envs, *self.obs_shape):
-            raise ValueError(f"the snapshot holds observations of shape {saved['obs'].shape}")
-        self._restored = saved
-        self.stats.resume(saved)
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self._restored_stats(state, ("obs", "count"))
+        if state["obs"].shape != (self.num_envs, *self.obs_shape) or state["count"].shape != (self.num_envs,):
+            raise ValueError(f"the env state holds observations of shape {state['obs'].shape}; this env "
+                             f"has {(self.num_envs, *self.obs_shape)}")
+        self._restored = {"obs": state["obs"].astype(np.float32), "count": state["count"].astype(np.float32)}
 
     # ---- program side -----------------------------------------------------------------
     def rollout(self, policy: Policy, b: Symbol, i: Symbol, t: Symbol, T: Symbol) -> Rollout:

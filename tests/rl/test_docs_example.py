@@ -11,6 +11,7 @@ import tempo as tp
 from tempo.api import optim
 from tempo.api.distributions import Categorical
 from tempo_rl.algorithms.common import TrainProgram, actor_critic, rl_context
+from tempo_rl.options import POSITIVE, UNIT, option
 """
 
 

@@ -70,9 +70,14 @@ def test_resuming_with_another_normalization_setting_is_an_error(tmp_path):
     plain = train(config(*common), tmp_path / "plain", progress=False).checkpoint
     normalized = train(config(*common, "env.normalize_obs=true"), tmp_path / "norm",
                        progress=False).checkpoint
+    for saved, setting in [(plain, "true"), (normalized, "false")]:
+        with pytest.raises(tp.TempoError, match=r"env\.normalize_obs: "):  # the configs differ
+            train(config(*common, "total_timesteps=128", f"env.normalize_obs={setting}",
+                         f"resume_from={saved}"), tmp_path / "a", progress=False)
+    # forced past the config check, the checkpoint's state does not fit either way
     with pytest.raises(tp.TempoError, match="no observation statistics"):
-        train(config(*common, "total_timesteps=128", "env.normalize_obs=true",
-                     f"resume_from={plain}"), tmp_path / "a", progress=False)
-    with pytest.raises(ValueError, match="normalize_obs=true"):
-        train(config(*common, "total_timesteps=128", f"resume_from={normalized}"),
-              tmp_path / "b", progress=False)
+        train(config(*common, "total_timesteps=128", "env.normalize_obs=true", "resume_override=true",
+                     f"resume_from={plain}"), tmp_path / "b", progress=False)
+    with pytest.raises(tp.TempoError, match="normalize_obs=true"):
+        train(config(*common, "total_timesteps=128", "resume_override=true", f"resume_from={normalized}"),
+              tmp_path / "c", progress=False)
