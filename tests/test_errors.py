@@ -361,6 +361,44 @@ def test_udf_returning_the_wrong_number_of_values(backend):
     assert "2" in str(info.value)
 
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_exception_inside_a_udf_or_sink_names_the_op_the_point_and_the_line(backend):
+    def fails_at_two(value, point):
+        if point["t"] == 2:
+            raise KeyError("boom")
+    ctx, t, T = ctx_t()
+    with ctx:
+        line = next_line()
+        tp.sink(tp.symbol_value(t), fails_at_two, name="my_logger")
+    with pytest.raises(KeyError) as info:  # the user's own exception, with a note added
+        ctx.compile(bounds={T: 4}, backend=backend).run()
+    note = "\n".join(info.value.__notes__)
+    assert "'my_logger'" in note and "{'t': 2}" in note
+    assert f"{THIS_FILE}:{line}" in note, note
+
+
+@pytest.mark.parametrize("value,dtype", [(1.5, "int32"), ("float", "int32"), ("int", "bool")])
+def test_a_branch_that_would_narrow_its_placeholders_dtype_is_an_error(value, dtype):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.placeholder(shape=(), dtype=dtype, domain=(t,))
+        source = {"float": tp.const(np.float32(0.5)), "int": tp.const(np.int32(3))}.get(value, value)
+        with pytest.raises(tp.ShapeError) as info:
+            line = next_line()
+            x[0] = source
+    assert dtype in str(info.value) and ".astype" in str(info.value)
+    assert_site(info.value, line)
+
+
+def test_a_branch_may_widen_to_its_placeholders_dtype():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tp.placeholder(shape=(), dtype="float32", domain=(t,))
+        x[0] = tp.const(np.int32(3))  # an int into a float: exact for these values, allowed
+        x[t + 1] = x[t] + 0.5
+    assert list(ctx.compile(bounds={T: 3}, outputs=[x], backend="numpy").run()[x]) == [3.0, 3.5, 4.0]
+
 # ---- misuse of the API ----------------------------------------------------------------------
 def test_reading_a_result_that_is_not_an_output():
     ctx, t, T = ctx_t()

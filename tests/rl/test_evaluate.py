@@ -96,3 +96,18 @@ def test_continuous_actions_evaluate_with_the_mean_action(tmp_path, normalize):
     assert result.lengths == [200, 200]
     expected = [_numpy_mean_action_return(arrays, 3 + k) for k in range(2)]
     assert result.returns == pytest.approx(expected, rel=1e-5)
+
+
+def test_bad_episodes_and_an_unwritable_video_fail_before_playing(saved, tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import evaluate as script
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(SystemExit):
+        script.main([str(saved), "--episodes", "0"])
+    assert "--episodes must be at least 1" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="cannot write the video"):
+        evaluate(saved, episodes=1, video=blocker / "episode.gif")
