@@ -1,0 +1,157 @@
+"""Decoding with a Llama-family model compiled by Tempo: full-sequence logits and
+token-by-token generation, each one RT program over the position dim ``t``.
+
+The tokens are a placeholder over ``t``: the prompt's at ``t < P`` (a host UDF hands them
+in), the token chosen from the logits at ``t - 1`` after. The program is compiled once per
+shape and options and cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tempo as tp
+from tempo_llm.config import CheckpointFormatError, LlamaConfig
+from tempo_llm.model import Attention, Decoder
+from tempo_llm.sampling import Sampling
+from tempo_llm.weights import load_weights
+
+
+@dataclass
+class Generation:
+    """A batch's generated sequences."""
+
+    tokens: np.ndarray
+    """``(B, P + N)``: the prompt and the ``N`` tokens after it (after an EOS, EOS again)."""
+    lengths: np.ndarray
+    """``(B,)``: tokens generated up to and including each sequence's first EOS (``N``
+    for a sequence without one)."""
+    logits: np.ndarray | None = None
+    """``(B, N, vocab)``: the logits each generated token was chosen from, when asked."""
+
+
+@dataclass
+class LanguageModel:
+    """A loaded model: ``logits(ids)`` and ``generate(ids, n)``."""
+
+    cfg: LlamaConfig
+    weights: dict[str, np.ndarray]
+    backend: str = "numpy"
+    tokenizer: Any = None
+    """A ``tokenizers.Tokenizer`` when the checkpoint has ``tokenizer.json``."""
+    _programs: dict[tuple, tuple] = field(default_factory=dict, repr=False)
+
+    def logits(self, ids: np.ndarray, attention: str | None = None,
+               window: int | None = None) -> np.ndarray:
+        """The logits after every position of ``ids`` (``(B, P)`` ints): ``(B, P, vocab)``.
+        By default with the model's own attention (a window for a Mistral config with
+        ``sliding_window``, else causal)."""
+        ids = _token_ids(ids, self.cfg.vocab_size)
+        out = self._run(ids, 0, self._attention(attention, window), Sampling(), None, logits_from=0)
+        return out["logits"]
+
+    def _attention(self, kind: str | None, window: int | None) -> Attention:
+        if kind is None:
+            kind = "window" if self.cfg.sliding_window else "causal"
+        if kind == "window" and window is None:
+            window = self.cfg.sliding_window
+        return Attention(kind, window)
+
+    def generate(self, ids: np.ndarray, max_new_tokens: int, *, attention: str = "causal",
+                 window: int | None = None, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, eos_token_id: int | None = None, seed: int = 0,
+                 return_logits: bool = False) -> Generation:
+        """``max_new_tokens`` tokens after each prompt of ``ids`` (``(B, P)`` ints).
+        ``attention="window"`` attends to the last ``window`` positions (by default the
+        config's ``sliding_window``). A sequence that emits ``eos_token_id`` keeps emitting
+        it; ``lengths`` says where each one stopped."""
+        ids = _token_ids(ids, self.cfg.vocab_size)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if eos_token_id is not None and not 0 <= eos_token_id < self.cfg.vocab_size:
+            raise ValueError(f"eos_token_id {eos_token_id} is outside the vocabulary ({self.cfg.vocab_size})")
+        sampling = Sampling(temperature, top_k, top_p, seed)
+        P = ids.shape[1]
+        out = self._run(ids, max_new_tokens, self._attention(attention, window), sampling, eos_token_id,
+                        logits_from=P - 1 if return_logits else None)
+        generated = out["chosen"][:, P - 1:]
+        tokens = np.concatenate([ids, generated], axis=1)
+        lengths = np.full(len(ids), max_new_tokens, np.int64)
+        if eos_token_id is not None:
+            ended = generated == eos_token_id
+            lengths = np.where(ended.any(1), ended.argmax(1) + 1, max_new_tokens)
+        return Generation(tokens, lengths, out.get("logits"))
+
+    def _run(self, ids: np.ndarray, new: int, attention: Attention, sampling: Sampling,
+             eos: int | None, logits_from: int | None) -> dict[str, np.ndarray]:
+        """Compile (once per key) and run the decoding program for ``ids`` and ``new``
+        tokens; the chosen tokens at every position and the logits from ``logits_from``."""
+        B, P = ids.shape
+        positions = P + max(new, 1) - 1
+        key = (B, P, new, attention, sampling, eos, logits_from is not None)
+        if key not in self._programs:
+            self._programs[key] = self._compile(B, P, positions, attention, sampling, eos,
+                                                 logits_from is not None, generating=new > 0)
+        exe, feed, outputs = self._programs[key]
+        feed["ids"] = ids
+        results = exe.run()
+        out = {name: np.moveaxis(np.asarray(results[rt]), 0, 1) for name, rt in outputs.items()}
+        if "logits" in out and logits_from is not None:
+            out["logits"] = out["logits"][:, logits_from:]
+        return out
+
+    def _compile(self, B: int, P: int, positions: int, attention: Attention, sampling: Sampling,
+                 eos: int | None, keep_logits: bool, generating: bool) -> tuple:
+        decoder = Decoder(self.cfg, self.weights)
+        feed: dict[str, np.ndarray] = {}
+        ctx = tp.Context(dims=("t",))
+        (t,), (T,) = ctx.dims, ctx.bounds
+        with ctx:
+            tokens = tp.placeholder(shape=(B,), dtype="int32", domain=(t,))
+            (prompt,) = tp.udf(lambda point: feed["ids"][:, point["t"]], outputs=[((B,), "int32")],
+                               domain=(t,), name="prompt", pass_point=True, when=t < P)
+            tokens[t < P] = prompt
+            logits = decoder.logits(tokens, t, attention)
+
+            def choose(point: dict[str, int], scores: np.ndarray, current: np.ndarray) -> np.ndarray:
+                chosen = sampling.choose(scores, point["t"])
+                if eos is not None and point["t"] >= P:  # a generated EOS repeats
+                    chosen = np.where(current == eos, eos, chosen)
+                return chosen
+            (chosen,) = tp.udf(choose, [logits, tokens], outputs=[((B,), "int32")], name="sample",
+                               pass_point=True)
+            if generating:
+                tokens[t >= P] = chosen[t - 1]
+        outputs = {"chosen": chosen, **({"logits": logits} if keep_logits or not generating else {})}
+        exe = ctx.compile({T: positions}, list(outputs.values()), backend=self.backend)
+        return exe, feed, outputs
+
+
+def _token_ids(ids: Any, vocab: int) -> np.ndarray:
+    array = np.asarray(ids)
+    if array.ndim != 2 or array.shape[1] < 1 or array.dtype.kind not in "iu":
+        raise ValueError(f"ids must be a (batch, prompt length) integer array, got "
+                         f"{array.dtype}{array.shape}")
+    if array.min() < 0 or array.max() >= vocab:
+        raise ValueError(f"token ids must lie in [0, {vocab}), got {array.min()}..{array.max()}")
+    return array.astype(np.int32)
+
+
+def load(path: str | Path, backend: str = "numpy") -> LanguageModel:
+    """The model in a local Hugging Face-format directory (``config.json``, safetensors
+    weights, optionally ``tokenizer.json``)."""
+    path = Path(path)
+    cfg = LlamaConfig.from_file(path / "config.json")
+    weights = load_weights(path, cfg)
+    tokenizer = None
+    if (path / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+        try:
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # tokenizers raises its own exception type
+            raise CheckpointFormatError(f"{path / 'tokenizer.json'} is not a tokenizer ({e})") from None
+    return LanguageModel(cfg, weights, backend, tokenizer)
