@@ -79,7 +79,7 @@ class LlamaConfig:
             raise CheckpointFormatError(f"{where}: num_attention_heads={heads} is not a multiple of "
                                         f"num_key_value_heads={kv_heads}")
         head_dim = int(raw.get("head_dim") or hidden // heads)
-        scaling = raw.get("rope_scaling")
+        theta, scaling = _rope(raw)
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind not in ROPE_TYPES:
@@ -91,7 +91,7 @@ class LlamaConfig:
                    num_hidden_layers=_positive_int(raw, "num_hidden_layers", where),
                    num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                    rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                   rope_theta=float(raw.get("rope_theta", 10000.0)), rope_scaling=scaling,
+                   rope_theta=theta, rope_scaling=scaling,
                    tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                    sliding_window=int(window) if window else None,
                    model_type=raw.get("model_type", "llama"), eos_token_id=raw.get("eos_token_id"),
@@ -109,6 +109,17 @@ class LlamaConfig:
         elif kind == "llama3":
             inv_freq = _llama3_frequencies(inv_freq, scaling)
         return inv_freq.astype(np.float32)
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """RoPE's base and scaling, from ``rope_parameters`` (transformers 5) or the older
+    ``rope_theta`` and ``rope_scaling``."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict):
+        theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+        kind = params.get("rope_type", params.get("type", "default"))
+        return theta, None if kind == "default" else params
+    return float(raw.get("rope_theta", 10000.0)), raw.get("rope_scaling")
 
 
 def _llama3_frequencies(inv_freq: np.ndarray, scaling: dict[str, Any]) -> np.ndarray:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 import tempo as tp
 from tempo_llm.config import CheckpointFormatError, LlamaConfig
@@ -43,7 +44,7 @@ class LanguageModel:
     backend: str = "numpy"
     tokenizer: Any = None
     """A ``tokenizers.Tokenizer`` when the checkpoint has ``tokenizer.json``."""
-    _programs: dict[tuple, tuple] = field(default_factory=dict, repr=False)
+    _programs: dict[_Request, tuple] = field(default_factory=dict, repr=False)
 
     def logits(self, ids: np.ndarray, attention: str | None = None,
                window: int | None = None) -> np.ndarray:
@@ -51,8 +52,49 @@ class LanguageModel:
         By default with the model's own attention (a window for a Mistral config with
         ``sliding_window``, else causal)."""
         ids = _token_ids(ids, self.cfg.vocab_size)
-        out = self._run(ids, 0, self._attention(attention, window), Sampling(), None, logits_from=0)
-        return out["logits"]
+        request = _Request(*ids.shape, 0, self._attention(attention, window), Sampling(), None, True)
+        return self._run(request, ids)["logits"]
+
+    def generate(self, ids: np.ndarray, max_new_tokens: int, *, attention: str = "causal",
+                 window: int | None = None, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, eos_token_id: int | None = None, seed: int = 0,
+                 return_logits: bool = False, progress: bool = False) -> Generation:
+        """``max_new_tokens`` tokens after each prompt of ``ids`` (``(B, P)`` ints).
+        ``attention="window"`` attends to the last ``window`` positions (by default the
+        config's ``sliding_window``). A sequence that emits ``eos_token_id`` keeps emitting
+        it; ``lengths`` says where each one stopped. ``progress``: a progress bar."""
+        ids = _token_ids(ids, self.cfg.vocab_size)
+        request = self._request(ids, max_new_tokens, attention, window, temperature, top_k, top_p,
+                                eos_token_id, seed, return_logits, progress)
+        out = self._run(request, ids)
+        P = request.prompt
+        generated = out["chosen"][:, P - 1:]
+        tokens = np.concatenate([ids, generated], axis=1)
+        lengths = np.full(len(ids), max_new_tokens, np.int64)
+        if eos_token_id is not None:
+            ended = generated == eos_token_id
+            lengths = np.where(ended.any(1), ended.argmax(1) + 1, max_new_tokens)
+        logits = out["logits"][:, P - 1:] if return_logits else None
+        return Generation(tokens, lengths, logits)
+
+    def compile_generation(self, ids: np.ndarray, max_new_tokens: int, **options: Any) -> None:
+        """Compile what ``generate`` with these arguments runs, without running it (to time
+        compilation apart)."""
+        ids = _token_ids(ids, self.cfg.vocab_size)
+        self._program(self._request(ids, max_new_tokens, **options))
+
+    def encode(self, text: str) -> list[int]:
+        """``text``'s token ids (needs the checkpoint's ``tokenizer.json``)."""
+        return self._tokens().encode(text).ids
+
+    def decode(self, ids: Any) -> str:
+        """The text of token ids (needs the checkpoint's ``tokenizer.json``)."""
+        return self._tokens().decode([int(k) for k in ids])
+
+    def _tokens(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json; pass token ids instead of text")
+        return self.tokenizer
 
     def _attention(self, kind: str | None, window: int | None) -> Attention:
         if kind is None:
@@ -61,53 +103,41 @@ class LanguageModel:
             window = self.cfg.sliding_window
         return Attention(kind, window)
 
-    def generate(self, ids: np.ndarray, max_new_tokens: int, *, attention: str = "causal",
+    def _request(self, ids: np.ndarray, max_new_tokens: int, attention: str = "causal",
                  window: int | None = None, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | None = None, seed: int = 0,
-                 return_logits: bool = False) -> Generation:
-        """``max_new_tokens`` tokens after each prompt of ``ids`` (``(B, P)`` ints).
-        ``attention="window"`` attends to the last ``window`` positions (by default the
-        config's ``sliding_window``). A sequence that emits ``eos_token_id`` keeps emitting
-        it; ``lengths`` says where each one stopped."""
-        ids = _token_ids(ids, self.cfg.vocab_size)
+                 return_logits: bool = False, progress: bool = False) -> _Request:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if eos_token_id is not None and not 0 <= eos_token_id < self.cfg.vocab_size:
-            raise ValueError(f"eos_token_id {eos_token_id} is outside the vocabulary ({self.cfg.vocab_size})")
-        sampling = Sampling(temperature, top_k, top_p, seed)
-        P = ids.shape[1]
-        out = self._run(ids, max_new_tokens, self._attention(attention, window), sampling, eos_token_id,
-                        logits_from=P - 1 if return_logits else None)
-        generated = out["chosen"][:, P - 1:]
-        tokens = np.concatenate([ids, generated], axis=1)
-        lengths = np.full(len(ids), max_new_tokens, np.int64)
-        if eos_token_id is not None:
-            ended = generated == eos_token_id
-            lengths = np.where(ended.any(1), ended.argmax(1) + 1, max_new_tokens)
-        return Generation(tokens, lengths, out.get("logits"))
+            raise ValueError(f"eos_token_id {eos_token_id} is outside the vocabulary "
+                             f"({self.cfg.vocab_size})")
+        return _Request(*ids.shape, max_new_tokens, self._attention(attention, window),
+                        Sampling(temperature, top_k, top_p, seed), eos_token_id, return_logits, progress)
 
-    def _run(self, ids: np.ndarray, new: int, attention: Attention, sampling: Sampling,
-             eos: int | None, logits_from: int | None) -> dict[str, np.ndarray]:
-        """Compile (once per key) and run the decoding program for ``ids`` and ``new``
-        tokens; the chosen tokens at every position and the logits from ``logits_from``."""
-        B, P = ids.shape
-        positions = P + max(new, 1) - 1
-        key = (B, P, new, attention, sampling, eos, logits_from is not None)
-        if key not in self._programs:
-            self._programs[key] = self._compile(B, P, positions, attention, sampling, eos,
-                                                 logits_from is not None, generating=new > 0)
-        exe, feed, outputs = self._programs[key]
+    def _run(self, request: _Request, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Run ``request``'s program on ``ids``: the token chosen at every position
+        (``(B, positions)``) and, when asked, the logits there."""
+        exe, feed, outputs = self._program(request)
         feed["ids"] = ids
-        results = exe.run()
-        out = {name: np.moveaxis(np.asarray(results[rt]), 0, 1) for name, rt in outputs.items()}
-        if "logits" in out and logits_from is not None:
-            out["logits"] = out["logits"][:, logits_from:]
-        return out
+        feed["bar"] = tqdm(total=request.new, desc="decoding", unit="tok", disable=not request.progress)
+        try:
+            results = exe.run()
+        finally:
+            feed["bar"].close()
+        return {name: np.moveaxis(np.asarray(results[rt]), 0, 1) for name, rt in outputs.items()}
 
-    def _compile(self, B: int, P: int, positions: int, attention: Attention, sampling: Sampling,
-                 eos: int | None, keep_logits: bool, generating: bool) -> tuple:
+    def _program(self, request: _Request) -> tuple:
+        if request not in self._programs:
+            self._programs[request] = self._compile(request)
+        return self._programs[request]
+
+    def _compile(self, request: _Request) -> tuple:
+        """The decoding program of ``request`` over positions ``0 .. P + new - 2``: the
+        executable, the dict its UDFs read the prompt from, its outputs by name."""
+        B, P, eos, sampling = request.batch, request.prompt, request.eos, request.sampling
         decoder = Decoder(self.cfg, self.weights)
-        feed: dict[str, np.ndarray] = {}
+        feed: dict[str, Any] = {}
         ctx = tp.Context(dims=("t",))
         (t,), (T,) = ctx.dims, ctx.bounds
         with ctx:
@@ -115,7 +145,7 @@ class LanguageModel:
             (prompt,) = tp.udf(lambda point: feed["ids"][:, point["t"]], outputs=[((B,), "int32")],
                                domain=(t,), name="prompt", pass_point=True, when=t < P)
             tokens[t < P] = prompt
-            logits = decoder.logits(tokens, t, attention)
+            logits = decoder.logits(tokens, t, request.attention)
 
             def choose(point: dict[str, int], scores: np.ndarray, current: np.ndarray) -> np.ndarray:
                 chosen = sampling.choose(scores, point["t"])
@@ -124,11 +154,28 @@ class LanguageModel:
                 return chosen
             (chosen,) = tp.udf(choose, [logits, tokens], outputs=[((B,), "int32")], name="sample",
                                pass_point=True)
-            if generating:
+            if request.new:
                 tokens[t >= P] = chosen[t - 1]
-        outputs = {"chosen": chosen, **({"logits": logits} if keep_logits or not generating else {})}
-        exe = ctx.compile({T: positions}, list(outputs.values()), backend=self.backend)
+            if request.progress:
+                tp.sink(chosen, lambda _, point: feed["bar"].update(1), name="progress", when=t >= P - 1)
+        outputs = {"chosen": chosen, **({"logits": logits} if request.keep_logits else {})}
+        exe = ctx.compile({T: P + max(request.new, 1) - 1}, list(outputs.values()), backend=self.backend)
         return exe, feed, outputs
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What one compiled decoding program is for (the programs' cache key)."""
+
+    batch: int
+    prompt: int
+    new: int
+    """Tokens to generate (0: logits of the prompt only)."""
+    attention: Attention
+    sampling: Sampling
+    eos: int | None
+    keep_logits: bool
+    progress: bool = False
 
 
 def _token_ids(ids: Any, vocab: int) -> np.ndarray:

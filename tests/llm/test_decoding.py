@@ -1,0 +1,214 @@
+"""tempo_llm against transformers, an implementation we did not write: random small Llama
+and Mistral models saved with ``save_pretrained`` load into tempo_llm, whose full-sequence
+logits, per-step generation logits and greedy tokens must match ``LlamaForCausalLM`` /
+``MistralForCausalLM`` in float32."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import tempo_llm
+from tempo_llm import random_checkpoint
+from tempo_llm.sampling import Sampling
+
+TOLERANCE = 1e-4
+SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def _save(model, out: Path, **kwargs) -> Path:
+    model.save_pretrained(str(out), **kwargs)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A random Llama 3-style model (llama3 RoPE scaling), in transformers and on disk."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**SIZES, rope_parameters=LLAMA3_ROPE)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    return model, _save(model, tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    torch.manual_seed(1)
+    cfg = transformers.MistralConfig(**SIZES, sliding_window=4)
+    model = transformers.MistralForCausalLM(cfg).eval()
+    return model, _save(model, tmp_path_factory.mktemp("mistral"))
+
+
+def _forward(model, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.numpy()
+
+
+def _ids(batch: int, length: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(3, SIZES["vocab_size"], (batch, length))
+
+
+@pytest.mark.parametrize("which", ["llama", "mistral"])
+def test_full_sequence_logits_match_transformers(request, which):
+    model, path = request.getfixturevalue(which)
+    ids = _ids(2, 11)  # longer than Mistral's window of 4
+    ours = tempo_llm.load(path).logits(ids)
+    np.testing.assert_allclose(ours, _forward(model, ids), atol=TOLERANCE, rtol=0)
+
+
+def test_greedy_generation_matches_transformers_generate(llama):
+    model, path = llama
+    ids = _ids(2, 5, seed=3)
+    out = tempo_llm.load(path).generate(ids, 12, return_logits=True)
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor(ids), max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                eos_token_id=None, output_logits=True, return_dict_in_generate=True)
+    np.testing.assert_array_equal(out.tokens, theirs.sequences.numpy())
+    np.testing.assert_allclose(out.logits, torch.stack(theirs.logits, 1).numpy(), atol=TOLERANCE, rtol=0)
+    assert out.lengths.tolist() == [12, 12]
+
+
+def test_window_generation_longer_than_the_window_matches_transformers(mistral):
+    """Prompt 3 tokens, 14 generated, window 4: every step's logits equal Mistral's forward
+    pass over the generated sequence (its sliding-window mask), and the greedy tokens equal
+    its ``generate``."""
+    model, path = mistral
+    ids = _ids(2, 3, seed=4)
+    out = tempo_llm.load(path).generate(ids, 14, attention="window", return_logits=True)
+    forward = _forward(model, out.tokens)[:, 2:-1]
+    np.testing.assert_allclose(out.logits, forward, atol=TOLERANCE, rtol=0)
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor(ids), max_new_tokens=14, do_sample=False, pad_token_id=0,
+                                eos_token_id=None)
+    np.testing.assert_array_equal(out.tokens, theirs.numpy())
+
+
+def test_window_attention_differs_from_causal_past_the_window(mistral):
+    _, path = mistral
+    lm = tempo_llm.load(path)
+    ids = _ids(1, 8, seed=5)
+    causal, window = lm.logits(ids, attention="causal"), lm.logits(ids, attention="window")
+    np.testing.assert_allclose(causal[:, :4], window[:, :4], atol=1e-6)  # within the window: the same
+    assert np.abs(causal[:, 4:] - window[:, 4:]).max() > 1e-3
+
+
+def test_sharded_bf16_tied_checkpoint_loads(tmp_path):
+    torch.manual_seed(2)
+    cfg = transformers.LlamaConfig(**SIZES, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    path = _save(model, tmp_path / "sharded", max_shard_size="20KB")
+    assert (path / "model.safetensors.index.json").exists()
+    ids = _ids(1, 6)
+    ours = tempo_llm.load(path).logits(ids)
+    np.testing.assert_allclose(ours, _forward(model.float(), ids), atol=TOLERANCE, rtol=0)
+
+
+def test_eos_ends_each_sequence_on_its_own(llama):
+    _, path = llama
+    lm = tempo_llm.load(path)
+    ids = _ids(2, 4, seed=6)
+    free = lm.generate(ids, 10)
+    eos = int(free.tokens[0, 4 + 3])  # the first sequence's 4th generated token
+    stopped = lm.generate(ids, 10, eos_token_id=eos)
+    first = int(np.argmax(free.tokens[0, 4:] == eos)) + 1
+    assert stopped.lengths[0] == first
+    assert (stopped.tokens[0, 4 + first:] == eos).all()
+    np.testing.assert_array_equal(stopped.tokens[0, :4 + first], free.tokens[0, :4 + first])
+    second = free.tokens[1, 4:] == eos
+    assert stopped.lengths[1] == (int(np.argmax(second)) + 1 if second.any() else 10)
+
+
+def test_sampling_is_reproducible_and_filters_as_asked(llama):
+    _, path = llama
+    lm = tempo_llm.load(path)
+    ids = _ids(2, 4, seed=7)
+    draw = lm.generate(ids, 16, temperature=1.0, seed=11)
+    np.testing.assert_array_equal(draw.tokens, lm.generate(ids, 16, temperature=1.0, seed=11).tokens)
+    assert (draw.tokens != lm.generate(ids, 16, temperature=1.0, seed=12).tokens).any()
+    greedy = lm.generate(ids, 8).tokens
+    np.testing.assert_array_equal(lm.generate(ids, 8, temperature=1.0, top_k=1, seed=3).tokens, greedy)
+    np.testing.assert_array_equal(lm.generate(ids, 8, temperature=0.7, top_p=1e-6, seed=3).tokens, greedy)
+
+
+def test_sampling_draws_follow_the_softmax():
+    logits = np.log(np.array([[0.5, 0.25, 0.125, 0.125]]))
+    draws = np.array([Sampling(temperature=1.0).choose(logits, k)[0] for k in range(20000)])
+    np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), [0.5, 0.25, 0.125, 0.125],
+                               atol=0.015)
+    nucleus = np.array([Sampling(temperature=1.0, top_p=0.7).choose(logits, k)[0] for k in range(4000)])
+    np.testing.assert_allclose(np.bincount(nucleus, minlength=4) / len(nucleus), [2 / 3, 1 / 3, 0, 0],
+                               atol=0.03)
+
+
+def test_the_random_checkpoint_tool_writes_what_transformers_loads(tmp_path):
+    out = random_checkpoint.main([str(tmp_path / "m"), "--arch", "mistral", "--window", "3", "--tie",
+                                  "--dtype", "bfloat16", "--vocab", "40", "--hidden", "32"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    lm = tempo_llm.load(out)
+    ids = _ids(1, 7) % 40
+    np.testing.assert_allclose(lm.logits(ids), _forward(model, ids), atol=TOLERANCE, rtol=0)
+    assert lm.decode(lm.encode("w1 w2 w30")) == "w1 w2 w30"
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("missing tensor", "lacks 1 tensor"), ("wrong shape", "has shape"),
+    ("architecture", "unsupported architecture"), ("attention bias", "attention_bias"),
+    ("no config", "no config.json"), ("no weights", "neither model.safetensors")])
+def test_a_bad_checkpoint_is_an_error_naming_what_is_wrong(tmp_path, damage, message):
+    from safetensors.numpy import load_file, save_file
+    path = random_checkpoint.write(tmp_path / "m", random_checkpoint.Spec(layers=1, hidden=16, vocab=20))
+    weights, config = path / "model.safetensors", json.loads((path / "config.json").read_text())
+    tensors = load_file(str(weights))
+    if damage == "missing tensor":
+        del tensors["model.norm.weight"]
+    elif damage == "wrong shape":
+        tensors["model.norm.weight"] = np.ones(17, np.float32)
+    elif damage == "architecture":
+        config["architectures"], config["model_type"] = ["GPT2LMHeadModel"], "gpt2"
+    elif damage == "attention bias":
+        config["attention_bias"] = True
+    elif damage == "no config":
+        (path / "config.json").unlink()
+    elif damage == "no weights":
+        weights.unlink()
+    if weights.exists():
+        save_file(tensors, str(weights))
+    if (path / "config.json").exists():
+        (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(tempo_llm.CheckpointFormatError, match=message):
+        tempo_llm.load(path)
+
+
+def test_bad_generation_arguments_are_errors(llama):
+    _, path = llama
+    lm = tempo_llm.load(path)
+    with pytest.raises(ValueError, match="token ids must lie"):
+        lm.logits(np.array([[1, 99]]))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        lm.generate(_ids(1, 2), 0)
+    with pytest.raises(ValueError, match="window"):
+        lm.generate(_ids(1, 2), 2, attention="window")  # a Llama config has no sliding_window
+    with pytest.raises(ValueError, match="top_p"):
+        lm.generate(_ids(1, 2), 2, temperature=1.0, top_p=1.5)
+
+
+def test_the_decode_cli_prints_text_and_speed(tmp_path):
+    import subprocess
+    import sys
+    model = random_checkpoint.write(tmp_path / "m", random_checkpoint.Spec(layers=1, hidden=16, vocab=30))
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "scripts/decode.py", f"llm.checkpoint={model}", "llm.prompt=w1 w2",
+                           "llm.max_new_tokens=6", "llm.batch=2", "llm.progress=false",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("[0] w") and lines[1].startswith("[1] w")
+    assert "tokens/s" in lines[-1] and "peak RSS" in lines[-1]
