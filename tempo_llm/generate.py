@@ -33,6 +33,9 @@ class Generation:
     for a sequence without one)."""
     logits: np.ndarray | None = None
     """``(B, N, vocab)``: the logits each generated token was chosen from, when asked."""
+    store_peak_bytes: int = 0
+    """The most bytes the program's stores held at once (keys, values and the other points
+    kept between positions; ``tempo.runtime.stores.MemoryStats``)."""
 
 
 @dataclass
@@ -75,7 +78,8 @@ class LanguageModel:
             ended = generated == eos_token_id
             lengths = np.where(ended.any(1), ended.argmax(1) + 1, max_new_tokens)
         logits = out["logits"][:, P - 1:] if return_logits else None
-        return Generation(tokens, lengths, logits)
+        stats = self._program(request)[0].stats
+        return Generation(tokens, lengths, logits, stats.peak_device_bytes + stats.peak_host_bytes)
 
     def compile_generation(self, ids: np.ndarray, max_new_tokens: int, **options: Any) -> None:
         """Compile what ``generate`` with these arguments runs, without running it (to time

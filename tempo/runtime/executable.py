@@ -28,7 +28,7 @@ from tempo.runtime.footprint import Footprint, predict
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
-from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore
+from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore, WindowStore
 from tempo.schedule import ast
 from tempo.schedule.memory import (
     SCHEDULES,
@@ -463,6 +463,31 @@ def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, S
     return stores
 
 
+def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
+                   bound_of: dict[Symbol, Symbol]) -> int | None:
+    """The most consecutive points of the innermost dim any reader sees at once, when every
+    reader reads points or slices whose size depends on one dim of its own at most (a
+    window ``x[max(0, t-w+1):t+1]`` over ``t``); None otherwise."""
+    widest = 1
+    for edge in readers:
+        entry = edge.phi[-1]
+        if not isinstance(entry, Slice):
+            continue
+        size = entry.size
+        free = [s for s in size.symbols() if s not in bounds]
+        if len(free) > 1:
+            return None
+        if not free:
+            widest = max(widest, int(size.evaluate(bounds)))
+            continue
+        dim = free[0]
+        if dim not in bound_of or bound_of[dim] not in bounds:
+            return None
+        sizes = (int(size.evaluate({**bounds, dim: v})) for v in range(bounds[bound_of[dim]]))
+        widest = max([widest, *sizes])
+    return widest
+
+
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                bound_of: dict[Symbol, Symbol], backend: Any, stats: MemoryStats,
                swapped: bool) -> Any:
@@ -471,7 +496,11 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
     inner_slices = op.domain and any(isinstance(e.phi[-1], Slice) for e in readers)
     if shape is not None and inner_slices:
-        return BlockStore(stats, bounds[bound_of[op.domain[-1]]], shape, t.dtype, backend.view_of_host)
+        length = bounds[bound_of[op.domain[-1]]]
+        window = _widest_window(readers, bounds, bound_of)
+        if window is not None and 2 * window < length:
+            return WindowStore(stats, length, shape, t.dtype, window, backend.view_of_host)
+        return BlockStore(stats, length, shape, t.dtype, backend.view_of_host)
 
     def empty(sizes: tuple[int, ...]) -> Any:
         if shape is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tempo.runtime.stores import BlockStore, Bytes, SwappedStore
+from tempo.runtime.stores import BlockStore, Bytes, SwappedStore, WindowStore
 from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Symbol
 
@@ -63,22 +63,33 @@ def predict(order: Iterable[tuple[Statement, tuple[int, ...]]], stores: dict,
 
 def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, point: tuple) -> None:
     """A write or free of ``point`` in a block store: a buffer per prefix, allocated at its
-    first write, released once every row was written and freed (as ``BlockStore`` does)."""
+    first write, released once every row was written and freed (as ``BlockStore`` does).
+    A ``WindowStore``'s buffer is its ring (``2C`` rows), doubled when more points than
+    ``C`` are held at once."""
     prefix, row = point[:-1], point[-1]
-    size = store.length * _row_bytes(store)
+    ring = isinstance(store, WindowStore)
     if kind == "exec":
         if prefix not in buffers:
-            buffers[prefix] = (set(), set())
-            counter.add(size)
-        produced, held = buffers[prefix]
+            capacity = store.initial if ring else store.length
+            buffers[prefix] = (set(), set(), [capacity])
+            counter.add(_buffer_bytes(store, capacity))
+        produced, held, capacity = buffers[prefix]
         produced.add(row)
         held.add(row)
+        while ring and len(held) > capacity[0]:
+            counter.add(_buffer_bytes(store, 2 * capacity[0]) - _buffer_bytes(store, capacity[0]))
+            capacity[0] *= 2
     elif prefix in buffers:
-        produced, held = buffers[prefix]
+        produced, held, capacity = buffers[prefix]
         held.discard(row)
         if not held and len(produced) == store.length:
             del buffers[prefix]
-            counter.add(-size)
+            counter.add(-_buffer_bytes(store, capacity[0]))
+
+
+def _buffer_bytes(store: BlockStore, capacity: int) -> int:
+    rows = 2 * capacity if isinstance(store, WindowStore) else capacity
+    return rows * _row_bytes(store)
 
 
 def _row_bytes(store: BlockStore) -> int:

@@ -375,3 +375,115 @@ class BlockStore:
         if not self.live[prefix] and len(self.produced[prefix]) == self.length:
             self.stats.host.now -= self.blocks[prefix].nbytes
             del self.blocks[prefix], self.live[prefix], self.produced[prefix]
+
+
+
+class WindowStore(BlockStore):
+    """A ``BlockStore`` for RTs whose readers see at most ``capacity`` consecutive points
+    of the innermost dim at once (``k[max(0, t-w+1):t+1]``): a ring of ``capacity`` rows
+    per prefix point instead of a buffer of the whole dim, so its memory does not grow with
+    the dim's bound.
+
+    Each row is written twice, at ``k % C`` and ``k % C + C`` of a ``2C``-row buffer, so
+    any run of up to ``C`` consecutive points is one contiguous slice: a window is read as
+    one contiguous copy, never gathered row by row. (Reads are copies because a ring's rows
+    are overwritten: a reader that keeps what it read, such as a placeholder holding its
+    branch's value, must not see it change.) A row is overwritten only once its point was
+    freed; were the schedule to keep more than ``C`` points alive, the ring doubles (the
+    rows are rewritten) instead of losing one."""
+
+    def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
+                 capacity: int, view: Callable[[np.ndarray], Any] = lambda rows: rows):
+        super().__init__(stats, length, shape, dtype, view)
+        self.capacity: dict[tuple[int, ...], int] = {}
+        self.initial = capacity
+        self.written: dict[tuple[int, ...], dict[int, int]] = {}
+        """Per prefix: ring slot -> the point whose row it holds."""
+
+    def write(self, point: tuple[int, ...], value: Any) -> None:
+        prefix, k = point[:-1], point[-1]
+        self._put(prefix, k, np.asarray(value))
+        self.produced[prefix].add(k)
+        if k not in self.live[prefix]:
+            self.live[prefix].add(k)
+            self.stats.live += 1
+            self.stats.peak = max(self.stats.peak, self.stats.live)
+
+    def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
+        host = np.asarray(values)
+        for point, row in zip(points, rows):
+            self.write(point, host[row])
+
+    def _block(self, prefix: tuple[int, ...]) -> np.ndarray:
+        block = self.blocks.get(prefix)
+        if block is None:
+            capacity = self.capacity[prefix] = self.initial
+            block = self.blocks[prefix] = aligned_zeros((2 * capacity, *self.shape), self.dtype)
+            self.live[prefix], self.produced[prefix], self.written[prefix] = set(), set(), {}
+            self.stats.host.add(block.nbytes)
+        return block
+
+    def _put(self, prefix: tuple[int, ...], k: int, row: np.ndarray) -> None:
+        self._block(prefix)
+        while True:
+            slot = k % self.capacity[prefix]
+            held = self.written[prefix].get(slot)
+            if held is None or held == k or held not in self.live[prefix]:
+                break
+            self._grow(prefix)  # the slot's point is still needed
+        block = self.blocks[prefix]
+        block[slot] = block[slot + self.capacity[prefix]] = row
+        self.written[prefix][slot] = k
+
+    def _grow(self, prefix: tuple[int, ...]) -> None:
+        old, capacity = self.blocks[prefix], self.capacity[prefix]
+        rows = {k: old[slot] for slot, k in self.written[prefix].items() if k in self.live[prefix]}
+        self.stats.host.now -= old.nbytes
+        del self.blocks[prefix]
+        self.initial, previous = 2 * capacity, self.initial
+        live, produced = self.live[prefix], self.produced[prefix]
+        self._block(prefix)
+        self.initial = previous
+        self.live[prefix], self.produced[prefix] = live, produced
+        for k, row in rows.items():
+            self._put(prefix, k, row)
+
+    def _slot(self, prefix: tuple[int, ...], k: int) -> int:
+        return k % self.capacity[prefix]
+
+    def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
+        if not points:
+            return None
+        prefix = points[0][:-1]
+        block = self.blocks.get(prefix)
+        if block is None or any(point[:-1] != prefix for point in points):
+            return None
+        return block[np.fromiter((self._slot(prefix, p[-1]) for p in points), np.int64, len(points))]
+
+    def read_point(self, index: tuple) -> Any:
+        return self.blocks[index[:-1]][self._slot(index[:-1], index[-1])].copy()
+
+    def read(self, index: tuple) -> Any:
+        prefix, last = index[:-1], index[-1]
+        if isinstance(last, slice) and (last.stop <= last.start or _empty(prefix)):
+            return super().read(index)  # an empty slice: zeros, no rows read
+        if any(isinstance(i, slice) for i in prefix):
+            return self._read_rows(index)
+        block = self.blocks[prefix]
+        if not isinstance(last, slice):
+            return self.view(block[self._slot(prefix, last)].copy())
+        start = self._slot(prefix, last.start)
+        return self.view(block[start:start + last.stop - last.start].copy())
+
+    def _read_rows(self, index: tuple) -> Any:
+        prefix, last = index[:-1], index[-1]
+        axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in prefix]
+        sizes = tuple(len(a) for a in axes if isinstance(a, range))
+        rows = [self.read((*p, last)) for p in itertools.product(*axes)]
+        return self.view(np.stack([np.asarray(r) for r in rows]).reshape(sizes + tuple(np.shape(rows[0]))))
+
+    def _release_if_done(self, prefix: tuple[int, ...]) -> None:
+        if not self.live[prefix] and len(self.produced[prefix]) == self.length:
+            self.stats.host.now -= self.blocks[prefix].nbytes
+            del self.blocks[prefix], self.live[prefix], self.produced[prefix]
+            del self.written[prefix], self.capacity[prefix]

@@ -212,3 +212,18 @@ def test_the_decode_cli_prints_text_and_speed(tmp_path):
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("[0] w") and lines[1].startswith("[1] w")
     assert "tokens/s" in lines[-1] and "peak RSS" in lines[-1]
+
+
+def test_window_attention_keeps_a_bounded_number_of_points(mistral):
+    """Causal decoding keeps every position's keys and values; a window of 4 frees each
+    after its last read, so the stores' peak grows only by the per-step outputs."""
+    _, path = mistral
+    lm = tempo_llm.load(path)
+    ids = _ids(1, 3)
+    peak = {(kind, n): lm.generate(ids, n, attention=kind, window=4).store_peak_bytes
+            for kind in ("causal", "window") for n in (30, 60)}
+    causal_growth = peak["causal", 60] - peak["causal", 30]
+    window_growth = peak["window", 60] - peak["window", 30]
+    kv_per_step = 2 * SIZES["num_hidden_layers"] * SIZES["num_key_value_heads"] * 8 * 4  # k and v, float32
+    assert causal_growth >= 30 * kv_per_step
+    assert window_growth < 0.2 * causal_growth

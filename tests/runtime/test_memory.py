@@ -359,3 +359,44 @@ def test_the_predicted_footprint_is_what_the_run_holds(program, memory):
     assert predicted.device.peak == exe.stats.peak_device_bytes
     assert predicted.host.peak == exe.stats.peak_host_bytes
     assert predicted.device.peak + predicted.host.peak > 0
+
+
+def _window_sums(n: int, w: int, backend: str, ahead: bool = False):
+    """y[t] = sum of x over the last ``w`` positions, x[t] = (t mod 5) * ones(8). With
+    ``ahead``, a second reader of x[T-1] at every t makes all of x be computed first."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.symbol_value(t % 5).astype("float32").unsqueeze(0).expand(8)
+        y = x[tp.max(0, t - w + 1):t + 1].sum(0)
+        if ahead:
+            y = y + x[T - 1] * 0.0
+    exe = ctx.compile(bounds={T: n}, outputs=[y], backend=backend)
+    return exe, exe.run()[y]
+
+
+def _expected_window_sums(n: int, w: int) -> np.ndarray:
+    x = np.array([k % 5 for k in range(n)], np.float32)
+    return np.array([x[max(0, k - w + 1):k + 1].sum() for k in range(n)])[:, None] * np.ones(8)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_window_read_keeps_a_ring_of_its_width(backend):
+    """The store of x holds 2w rows (a ring written twice, so a window is one slice) however
+    long the dim: its bytes do not grow with T."""
+    peaks = {}
+    for n in (60, 240):
+        exe, got = _window_sums(n, 4, backend)
+        np.testing.assert_allclose(got, _expected_window_sums(n, 4))
+        peaks[n] = exe.stats.peak_host_bytes
+    assert peaks[60] == peaks[240] <= 2 * 4 * 8 * 4
+
+
+def test_a_window_store_grows_rather_than_overwrite_a_live_point():
+    exe, got = _window_sums(40, 3, "numpy", ahead=True)
+    np.testing.assert_allclose(got, _expected_window_sums(40, 3))
+
+
+def test_the_predicted_footprint_counts_a_window_store_as_its_ring():
+    exe, _ = _window_sums(200, 4, "numpy")
+    assert exe.predicted_footprint().host.peak == exe.stats.peak_host_bytes == 2 * 4 * 8 * 4

@@ -1,0 +1,171 @@
+"""LLM decoding, side by side: tempo_llm (NumPy and JAX backends) against transformers
+(eager with its default cache, and with its static cache) and a plain JAX greedy decode
+with a preallocated padded KV cache (``baselines/jax_decode.py``), on the same random
+weights, greedy, prompt of 16 tokens.
+
+    python benchmarks/decode.py               # causal and window, batch 1 and 8, 512/2K/8K tokens
+    python benchmarks/decode.py --lengths 512 2048 --batches 1 --attention causal
+    python benchmarks/decode.py --systems tempo-numpy jax --lengths 512
+
+The model is ``--config small`` (4 layers, hidden 256, 8 heads, 2 KV heads, SwiGLU 704,
+vocab 1000) or ``base`` (~100M parameters: 12 layers, hidden 768, 12 heads, 4 KV heads,
+SwiGLU 2048, vocab 32000), written with ``tempo_llm.random_checkpoint`` as a Llama
+checkpoint (causal) and a Mistral one with ``sliding_window=--window`` (window; the same
+weights). Each cell runs in a fresh process and reports tokens/s of the generation (after
+compiling and a short warm-up generation), compile time and peak RSS; the tables give
+ratios to the plain JAX row. A cell that fails or exceeds ``--timeout`` says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import fmt, ratio, render, report_result, run_worker  # noqa: E402
+
+SYSTEMS = ("tempo-numpy", "tempo-jax", "jax", "torch-eager", "torch-static")
+CONFIGS = {"small": dict(layers=4, hidden=256, heads=8, kv_heads=2, intermediate=704, vocab=1000),
+           "base": dict(layers=12, hidden=768, heads=12, kv_heads=4, intermediate=2048, vocab=32000)}
+PROMPT = 16
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class DecodeCell:
+    system: str
+    attention: str
+    batch: int
+    new_tokens: int
+    checkpoint: str
+    window: int
+
+
+def run_cell(cell: DecodeCell) -> dict[str, Any]:
+    import numpy as np
+    ids = np.random.default_rng(0).integers(3, 100, (cell.batch, PROMPT))
+    window = cell.window if cell.attention == "window" else None
+    if cell.system.startswith("tempo"):
+        import tempo_llm
+        lm = tempo_llm.load(cell.checkpoint, backend=cell.system.removeprefix("tempo-"))
+        options = dict(attention=cell.attention, window=window)
+        lm.generate(ids, WARMUP_TOKENS, **options)
+        start = time.perf_counter()
+        lm.compile_generation(ids, cell.new_tokens, **options)
+        compiled = time.perf_counter()
+        lm.generate(ids, cell.new_tokens, **options)
+        return {"compile_s": compiled - start, "decode_s": time.perf_counter() - compiled}
+    if cell.system == "jax":
+        import tempo_llm
+        from benchmarks.baselines import jax_decode
+        lm = tempo_llm.load(cell.checkpoint)
+        out = jax_decode.decode(lm.cfg, lm.weights, ids, cell.new_tokens, window)
+        return {"compile_s": out.compile_s, "decode_s": out.decode_s}
+    return _run_torch(cell, ids)
+
+
+def _run_torch(cell: DecodeCell, ids: Any) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(cell.checkpoint, dtype=torch.float32).eval()
+    static = {"cache_implementation": "static"} if cell.system == "torch-static" else {}
+    prompt = torch.tensor(ids)
+
+    def generate(n: int) -> None:
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
+                           pad_token_id=0, **static)
+    generate(WARMUP_TOKENS)
+    start = time.perf_counter()
+    generate(cell.new_tokens)
+    return {"compile_s": None, "decode_s": time.perf_counter() - start}
+
+
+def worker(spec: str) -> None:
+    cell = DecodeCell(**json.loads(spec))
+    report_result(lambda: run_cell(cell))
+
+
+HEADERS = ["system", "attention", "batch", "new tokens", "tokens/s", "compile s", "peak RSS MiB",
+           "tokens/s / jax", "RSS / jax"]
+
+
+def table(rows: list[tuple[DecodeCell, dict[str, Any]]], title: str, markdown: bool) -> str:
+    def speed(cell: DecodeCell, out: dict[str, Any]) -> float | None:
+        return cell.batch * cell.new_tokens / out["decode_s"] if "decode_s" in out else None
+    ref = {(c.attention, c.batch, c.new_tokens): (speed(c, o), o.get("peak_rss_mb"))
+           for c, o in rows if c.system == "jax" and not o.get("error")}
+    body = []
+    for cell, out in rows:
+        key = (cell.attention, cell.batch, cell.new_tokens)
+        if out.get("error"):
+            body.append([cell.system, cell.attention, str(cell.batch), str(cell.new_tokens), out["error"]])
+            continue
+        jax_speed, jax_rss = ref.get(key, (None, None))
+        tps = speed(cell, out)
+        body.append([cell.system, cell.attention, str(cell.batch), str(cell.new_tokens), fmt(tps, 1),
+                     fmt(out.get("compile_s")), fmt(out.get("peak_rss_mb"), 0),
+                     ratio(tps, jax_speed) if cell.system != "jax" else "",
+                     ratio(out.get("peak_rss_mb"), jax_rss) if cell.system != "jax" else ""])
+    notes = ["tokens/s: batch x new tokens over the generation's wall time (after compiling and a "
+             f"{WARMUP_TOKENS}-token warm-up generation); prompt {PROMPT} tokens, greedy.",
+             "ratios: over the plain JAX row of the same attention, batch and length; above 1x for "
+             "tokens/s Tempo is faster, below 1x for RSS it is smaller.",
+             "peak RSS: ru_maxrss of the cell's process."]
+    return render(title, HEADERS, body, notes, markdown)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", choices=list(CONFIGS), default="small")
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--attention", nargs="+", choices=["causal", "window"], default=["causal", "window"])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--lengths", nargs="+", type=int, default=[512, 2048, 8192])
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (default 900)")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return
+    from tempo_llm import random_checkpoint
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tempo-decode-") as tmp:
+        sizes = CONFIGS[args.config]
+        longest = max(args.lengths) + PROMPT
+        paths = {"causal": random_checkpoint.write(Path(tmp) / "llama",
+                                                   random_checkpoint.Spec(**sizes, max_positions=longest)),
+                 "window": random_checkpoint.write(Path(tmp) / "mistral", random_checkpoint.Spec(
+                     **sizes, arch="mistral", window=args.window, max_positions=longest))}
+        rows = []
+        for attention in args.attention:
+            for batch in args.batches:
+                for length in args.lengths:
+                    for system in args.systems:
+                        cell = DecodeCell(system, attention, batch, length, str(paths[attention]),
+                                          args.window)
+                        print(f"... {system}, {attention}, batch {batch}, {length} tokens", flush=True)
+                        rows.append((cell, run_worker(Path(__file__).resolve(), json.dumps(asdict(cell)),
+                                                      args.timeout, ROOT)))
+    sizes_text = ", ".join(f"{k} {v}" for k, v in CONFIGS[args.config].items())
+    title = f"Greedy decoding, config {args.config} ({sizes_text}), window {args.window}"
+    print(table(rows, title, markdown=False))
+    if args.markdown:
+        args.markdown.write_text(table(rows, title, markdown=True) + "\n")
+    print(f"total wall time: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
