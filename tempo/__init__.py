@@ -13,6 +13,7 @@ from tempo.api import (
     randint,
     sink,
     stack,
+    stop_when,
     symbol_value,
     udf,
     uniform,
@@ -39,6 +40,6 @@ __all__ = [
     "RecurrentTensor", "RunProfile", "ShapeError", "Slice", "Symbol", "TempoError", "UDFError",
     "UndefinedPointError",
     "UnschedulableError", "UnsupportedExpressionError", "cat", "const", "matmul", "max", "min", "normal",
-    "placeholder", "randint", "sink", "stack", "symbol_value", "udf", "uniform", "where",
+    "placeholder", "randint", "sink", "stack", "stop_when", "symbol_value", "udf", "uniform", "where",
 ]
 __version__ = "0.1.0"

@@ -79,6 +79,15 @@ class MemoryBudgetError(TempoError):
     """No schedule the compiler can choose fits the memory budget (``MemoryPolicy.budget_mb``)."""
 
 
+class StopRun(Exception):  # noqa: N818 - control flow, not an error
+    """Raised by the op ``tp.stop_when`` adds, where its condition holds: the run ends
+    there (``Executable.run`` catches it)."""
+
+    def __init__(self, point: dict[str, int]):
+        super().__init__(f"stop at {point}")
+        self.point = point
+
+
 class CheckpointError(TempoError):
     """A checkpoint file that cannot be read: missing, damaged, not a checkpoint, or
     holding anything but numeric arrays (pickled objects are never loaded)."""

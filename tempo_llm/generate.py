@@ -27,7 +27,9 @@ class Generation:
     """A batch's generated sequences."""
 
     tokens: np.ndarray
-    """``(B, P + N)``: the prompt and the ``N`` tokens after it (after an EOS, EOS again)."""
+    """``(B, P + N)``: the prompt and the ``N`` tokens after it (after an EOS, EOS again).
+    ``N`` is ``max_new_tokens``, or fewer where every sequence emitted EOS before: decoding
+    stopped there."""
     lengths: np.ndarray
     """``(B,)``: tokens generated up to and including each sequence's first EOS (``N``
     for a sequence without one)."""
@@ -71,12 +73,12 @@ class LanguageModel:
                                 eos_token_id, seed, return_logits, progress)
         out = self._run(request, ids)
         P = request.prompt
-        generated = out["chosen"][:, P - 1:]
+        generated = out["chosen"][:, P - 1:]  # fewer than asked when every sequence ended
         tokens = np.concatenate([ids, generated], axis=1)
-        lengths = np.full(len(ids), max_new_tokens, np.int64)
+        lengths = np.full(len(ids), generated.shape[1], np.int64)
         if eos_token_id is not None:
             ended = generated == eos_token_id
-            lengths = np.where(ended.any(1), ended.argmax(1) + 1, max_new_tokens)
+            lengths = np.where(ended.any(1), ended.argmax(1) + 1, generated.shape[1])
         logits = out["logits"][:, P - 1:] if return_logits else None
         stats = self._program(request)[0].stats
         return Generation(tokens, lengths, logits, stats.peak_device_bytes + stats.peak_host_bytes)
@@ -160,6 +162,10 @@ class LanguageModel:
                                pass_point=True)
             if request.new:
                 tokens[t >= P] = chosen[t - 1]
+            if request.new and eos is not None:  # every sequence has ended: stop decoding
+                (ended,) = tp.udf(lambda point, c: np.asarray(point["t"] >= P - 1 and bool((c == eos).all())),
+                                  [chosen], outputs=[((), "bool")], name="all_ended", pass_point=True)
+                tp.stop_when(ended)
             if request.progress:
                 tp.sink(chosen, lambda _, point: feed["bar"].update(1), name="progress", when=t >= P - 1)
         outputs = {"chosen": chosen, **({"logits": logits} if request.keep_logits else {})}

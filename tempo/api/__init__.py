@@ -12,6 +12,7 @@ from tempo.api.functions import (
     randint,
     sink,
     stack,
+    stop_when,
     symbol_value,
     udf,
     uniform,
@@ -20,4 +21,4 @@ from tempo.api.functions import (
 from tempo.api.tensor import RecurrentTensor
 
 __all__ = ["Context", "RecurrentTensor", "cat", "const", "matmul", "max", "min", "normal",
-           "placeholder", "randint", "sink", "stack", "symbol_value", "udf", "uniform", "where"]
+           "placeholder", "randint", "sink", "stack", "stop_when", "symbol_value", "udf", "uniform", "where"]

@@ -10,7 +10,7 @@ import numpy as np
 from tempo.api.context import Context, active_context
 from tempo.api.tensor import RecurrentTensor, constant, lift
 from tempo.api.tensor import symbol_value as _symbol_value
-from tempo.errors import DomainError, ShapeError, UDFError, user_site
+from tempo.errors import DomainError, ShapeError, StopRun, UDFError, user_site
 from tempo.ir.types import TensorType, dtype_name
 from tempo.symbolic.expr import Expr, ExprLike, Symbol, as_expr, maximum, minimum
 
@@ -253,6 +253,23 @@ def sink(x: RecurrentTensor | Sequence[RecurrentTensor], fn: Callable[..., None]
         fn(list(values) if many else values[0], point)  # a logger's result is not an output
     udf(call, list(x) if many else [x], (), name=name or getattr(fn, "__name__", "sink"),
         pass_point=True, when=when)
+
+
+def stop_when(cond: RecurrentTensor, name: str | None = None) -> None:
+    """End the run at the first point, in execution order, where the boolean ``cond``
+    holds: nothing scheduled after that point runs (a decode loop that stops once every
+    sequence has ended). The run's outputs then hold their points up to and including
+    that point along the last dim of ``cond``'s domain (``Results.stopped_at`` says
+    where); an output point that was not computed by then is an error when read."""
+    if not isinstance(cond, RecurrentTensor) or cond.dtype != "bool":
+        raise DomainError(f"stop_when needs a boolean tensor, got {cond!r}", user_site())
+    if not cond.domain:
+        raise DomainError("stop_when needs a condition that varies over a dim", user_site())
+
+    def check(value: np.ndarray, point: dict[str, int]) -> None:
+        if bool(value):
+            raise StopRun(point)
+    sink(cond, check, name=name or "stop_when")
 
 
 def _condition(ctx: Context, when: Any) -> Expr:

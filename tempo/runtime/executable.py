@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tempo.errors import MemoryBudgetError, TempoError, UnschedulableError
+from tempo.errors import MemoryBudgetError, StopRun, TempoError, UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes, program_roots
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
@@ -52,8 +52,10 @@ Launcher = Callable[[tuple[int, ...]], None]
 class Results:
     """Values of a run's outputs, indexed by the RTs themselves: ``res[x]``."""
 
-    def __init__(self, values: dict[tuple[int, int], np.ndarray]):
+    def __init__(self, values: dict[tuple[int, int], np.ndarray], stopped_at: dict[str, int] | None = None):
         self._values = values
+        self.stopped_at = stopped_at
+        """Where ``tp.stop_when`` ended the run (``{dim: value}``), or None."""
 
     def __getitem__(self, rt: RecurrentTensor) -> np.ndarray:
         try:
@@ -146,12 +148,15 @@ class Executable:
                     self.loops, self.loop_choices[name])
             launch.bind(stores, namespace, batched)
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
+        stopped = None
         try:
             self._program(namespace)
+        except StopRun as stop:
+            stopped = stop.point
         finally:  # the launchers outlive the run, its stored values must not
             for launch in self._launchers.values():
                 launch.bind({}, {}, {})
-        return Results({rt.key: self._gather(rt, stores) for rt in self.outputs})
+        return Results({rt.key: self._gather(rt, stores, stopped) for rt in self.outputs}, stopped)
 
     def execution_order(self) -> list[tuple[str, Op, tuple[int, ...]]]:
         """What ``run()`` executes, in order, without running it: ``("exec" | "free", op,
@@ -175,9 +180,11 @@ class Executable:
         self._interpreted({name: recorder(s) for name, s in self.schedule.statements.items()})
         return trace
 
-    def _gather(self, rt: RecurrentTensor, stores: dict) -> np.ndarray:
+    def _gather(self, rt: RecurrentTensor, stores: dict, stopped: dict[str, int] | None = None) -> np.ndarray:
         store = stores[rt.key]
         sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]
+        if stopped is not None:
+            sizes = _until(rt, sizes, stopped, store, self.graph.ops[rt.op.id].domain)
         domain = self.graph.ops[rt.op.id].domain
         # Parallel dims laid out (tempo.passes.parallel): the last one laid out leads.
         stacked = [rt.domain.index(d) for d in reversed(self.ctx.parallel)
@@ -461,6 +468,23 @@ def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, S
             stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats,
                                             op.id in swapped)
     return stores
+
+
+def _until(rt: RecurrentTensor, sizes: list[int], stopped: dict[str, int], store: Any,
+           stored_domain: tuple[Symbol, ...]) -> list[int]:
+    """``rt``'s sizes when the run stopped at ``stopped``: its points up to the stop along
+    the stop's last dim, each of which must have been computed."""
+    last = list(stopped)[-1]
+    names = [d.name for d in rt.domain]
+    if last in names:
+        sizes = list(sizes)
+        sizes[names.index(last)] = min(sizes[names.index(last)], stopped[last] + 1)
+    kept = [rt.domain.index(d) for d in stored_domain]
+    for point in itertools.product(*(range(n) for n in sizes)):
+        if not store.holds(tuple(point[k] for k in kept)):
+            raise TempoError(f"the run stopped at {stopped} before {rt!r} was computed at "
+                             f"{dict(zip(names, point))}; make the stop condition depend on it", rt.op.site)
+    return sizes
 
 
 def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],

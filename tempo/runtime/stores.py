@@ -107,6 +107,10 @@ class PointStore:
     def _counter(stats: MemoryStats) -> Bytes:
         return stats.device
 
+    def holds(self, point: tuple[int, ...]) -> bool:
+        """Whether ``point`` was written (and not freed)."""
+        return point in self.data or bool(self.data.rows) and point in self.data.rows
+
     def write(self, point: tuple[int, ...], value: Any) -> None:
         data, count = self.data, self.bytes
         if point in data:  # rewritten
@@ -265,6 +269,10 @@ class BlockStore:
         self.blocks: dict[tuple[int, ...], Any] = {}
         self.live: dict[tuple[int, ...], set[int]] = {}
         self.produced: dict[tuple[int, ...], set[int]] = {}
+
+    def holds(self, point: tuple[int, ...]) -> bool:
+        """Whether ``point`` was written (and not freed)."""
+        return point[-1] in self.live.get(point[:-1], ())
 
     def write(self, point: tuple[int, ...], value: Any) -> None:
         prefix, k = point[:-1], point[-1]

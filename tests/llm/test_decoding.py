@@ -227,3 +227,18 @@ def test_window_attention_keeps_a_bounded_number_of_points(mistral):
     kv_per_step = 2 * SIZES["num_hidden_layers"] * SIZES["num_key_value_heads"] * 8 * 4  # k and v, float32
     assert causal_growth >= 30 * kv_per_step
     assert window_growth < 0.2 * causal_growth
+
+
+def test_decoding_stops_once_every_sequence_has_ended(llama):
+    """With one sequence whose 3rd token is taken as EOS, decoding 40 tokens stops after
+    it: the loop ran 3 steps, not 40."""
+    _, path = llama
+    lm = tempo_llm.load(path)
+    ids = _ids(1, 4, seed=9)
+    free = lm.generate(ids, 40)
+    eos = int(free.tokens[0, 4 + 2])
+    first = int(np.argmax(free.tokens[0, 4:] == eos)) + 1
+    out = lm.generate(ids, 40, eos_token_id=eos, return_logits=True)
+    assert out.tokens.shape == (1, 4 + first) and out.lengths.tolist() == [first]
+    np.testing.assert_array_equal(out.tokens, free.tokens[:, :4 + first])
+    assert out.logits.shape[1] == first

@@ -1,0 +1,48 @@
+"""``tp.stop_when`` ends a run where its condition first holds: the loop does not run on,
+and the outputs hold their points up to the stop (compared with the same program run to
+the end)."""
+
+import numpy as np
+import pytest
+
+import tempo as tp
+
+
+def _counting(backend: str, limit: float, T: int = 50):
+    """s[t] = s[t-1] + t; stop once s exceeds ``limit``; count the points a UDF saw."""
+    seen: list[int] = []
+    ctx = tp.Context(dims=("t",))
+    (t,), (Tb,) = ctx.dims, ctx.bounds
+    with ctx:
+        s = tp.placeholder(shape=(), dtype="float32", domain=(t,))
+        s[0] = 0.0
+        s[t + 1] = s + tp.symbol_value(t + 1).astype("float32")
+        tp.sink(s, lambda v, p: seen.append(p["t"]), name="watch")
+        tp.stop_when(s > limit)
+    exe = ctx.compile({Tb: T}, [s], backend=backend)
+    res = exe.run()
+    return res, s, seen
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_the_run_ends_where_the_condition_first_holds(backend):
+    res, s, seen = _counting(backend, limit=20.0)
+    full = np.cumsum(np.arange(50, dtype=np.float32))
+    stop = int(np.argmax(full > 20.0))  # s = 0, 1, 3, 6, 10, 15, 21: t = 6
+    assert res.stopped_at == {"t": stop}
+    np.testing.assert_array_equal(res[s], full[:stop + 1])
+    assert max(seen) <= stop + 1 and len(seen) <= stop + 2  # the loop did not run on
+
+
+def test_a_condition_that_never_holds_runs_to_the_end():
+    res, s, seen = _counting("numpy", limit=1e9, T=12)
+    assert res.stopped_at is None and len(res[s]) == 12 and len(seen) == 12
+
+
+def test_stop_when_needs_a_boolean_over_a_dim():
+    ctx = tp.Context(dims=("t",))
+    (t,), _ = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.symbol_value(t).astype("float32")
+        with pytest.raises(tp.DomainError, match="boolean"):
+            tp.stop_when(x)
