@@ -276,7 +276,7 @@ class BlockStore:
 
     def write(self, point: tuple[int, ...], value: Any) -> None:
         prefix, k = point[:-1], point[-1]
-        self._block(prefix)[k] = np.asarray(value)
+        self._put(prefix, k, np.asarray(value))
         self.produced[prefix].add(k)
         if k not in self.live[prefix]:
             self.live[prefix].add(k)
@@ -301,6 +301,9 @@ class BlockStore:
             live.update(ks)
             self.stats.live += new
             self.stats.peak = max(self.stats.peak, self.stats.live)
+
+    def _put(self, prefix: tuple[int, ...], k: int, row: np.ndarray) -> None:
+        self._block(prefix)[k] = row
 
     def _adopted(self, prefix: tuple[int, ...], host: np.ndarray, ks: list[int], taken: list[int]) -> bool:
         """Whether the rows ``taken`` of ``host`` became the buffer of ``prefix`` as they
@@ -335,7 +338,11 @@ class BlockStore:
         block = self.blocks.get(prefix)
         if block is None or any(point[:-1] != prefix for point in points):
             return None
-        return block[np.fromiter((point[-1] for point in points), np.int64, len(points))]
+        return block[np.fromiter((self._slot(prefix, point[-1]) for point in points), np.int64, len(points))]
+
+    def _slot(self, prefix: tuple[int, ...], k: int) -> int:
+        """The buffer row holding point ``k`` of ``prefix``."""
+        return k
 
     def reader(self, slices: bool) -> Callable[[tuple], Any]:
         return self.read if slices else self.read_point
@@ -408,15 +415,6 @@ class WindowStore(BlockStore):
         self.written: dict[tuple[int, ...], dict[int, int]] = {}
         """Per prefix: ring slot -> the point whose row it holds."""
 
-    def write(self, point: tuple[int, ...], value: Any) -> None:
-        prefix, k = point[:-1], point[-1]
-        self._put(prefix, k, np.asarray(value))
-        self.produced[prefix].add(k)
-        if k not in self.live[prefix]:
-            self.live[prefix].add(k)
-            self.stats.live += 1
-            self.stats.peak = max(self.stats.peak, self.stats.live)
-
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
         host = np.asarray(values)
         for point, row in zip(points, rows):
@@ -459,15 +457,6 @@ class WindowStore(BlockStore):
     def _slot(self, prefix: tuple[int, ...], k: int) -> int:
         return k % self.capacity[prefix]
 
-    def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
-        if not points:
-            return None
-        prefix = points[0][:-1]
-        block = self.blocks.get(prefix)
-        if block is None or any(point[:-1] != prefix for point in points):
-            return None
-        return block[np.fromiter((self._slot(prefix, p[-1]) for p in points), np.int64, len(points))]
-
     def read_point(self, index: tuple) -> Any:
         return self.blocks[index[:-1]][self._slot(index[:-1], index[-1])].copy()
 
@@ -491,7 +480,7 @@ class WindowStore(BlockStore):
         return self.view(np.stack([np.asarray(r) for r in rows]).reshape(sizes + tuple(np.shape(rows[0]))))
 
     def _release_if_done(self, prefix: tuple[int, ...]) -> None:
-        if not self.live[prefix] and len(self.produced[prefix]) == self.length:
-            self.stats.host.now -= self.blocks[prefix].nbytes
-            del self.blocks[prefix], self.live[prefix], self.produced[prefix]
-            del self.written[prefix], self.capacity[prefix]
+        super()._release_if_done(prefix)
+        if prefix not in self.blocks:
+            self.written.pop(prefix, None)
+            self.capacity.pop(prefix, None)
