@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tempo.errors import TempoError  # noqa: E402 - after the path fix for running from a checkout
+from tempo_rl.algorithms import import_algorithm_module  # noqa: E402
 from tempo_rl.evaluate import evaluate  # noqa: E402
 
 
@@ -29,7 +30,11 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--env-id", default=None,
                         help="the gymnasium id to play (default: the checkpoint's; ids of the form "
                              "module:Env are taken from here only)")
+    parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
+                        help="import this module first (one that registers the checkpoint's algorithm)")
     args = parser.parse_args(argv)
+    for module in args.modules:
+        import_algorithm_module(module)
     if args.episodes < 1:
         parser.error(f"--episodes must be at least 1, got {args.episodes}")
     try:

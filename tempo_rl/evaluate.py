@@ -17,7 +17,7 @@ import numpy as np
 import tempo as tp
 from tempo.api import checkpoint
 from tempo.errors import CheckpointError
-from tempo_rl.algorithms import algorithm
+from tempo_rl.algorithms import ALGORITHMS, algorithm
 from tempo_rl.algorithms.common import CategoricalPolicy, GaussianPolicy
 from tempo_rl.checkpoints import CONFIG_KEY, saved_config
 from tempo_rl.envs.normalize import CLIP, EPSILON, STATE_PREFIX
@@ -92,6 +92,11 @@ def evaluate(path: str | Path, episodes: int = 10, seed: int | None = None,
     env_cfg = cfg.get("env", {})
     if env_cfg.get("kind", "gymnasium") != "gymnasium":
         raise ValueError(f"evaluation supports gymnasium envs, not {env_cfg.get('kind')!r}")
+    module = cfg.get("algorithm", {}).get("module")
+    if module and cfg["algorithm"].get("name") not in ALGORITHMS:
+        raise CheckpointError(f"{path} was trained with algorithm {cfg['algorithm'].get('name')!r} from "
+                              f"module {module!r}, which is not imported; import it first "
+                              "(scripts/evaluate.py --import MODULE) if you trust it")
     if env_id is None:
         env_id = str(env_cfg.get("id"))
         if ":" in env_id:

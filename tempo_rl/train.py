@@ -13,7 +13,7 @@ import numpy as np
 
 import tempo as tp
 from tempo_rl import checkpoints, run_dir
-from tempo_rl.algorithms import algorithm
+from tempo_rl.algorithms import algorithm, import_algorithm_module
 from tempo_rl.envs import BraxEnv, Env, GymnasiumEnv, GymnaxEnv, NormalizedObservations, SyntheticEnv
 from tempo_rl.metrics import MIB, MetricLogger, peak_rss_bytes
 from tempo_rl.options import AT_LEAST_ONE, ConfigError, EnvOptions, RunOptions, check_options, check_value
@@ -72,7 +72,7 @@ def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) ->
     keys are an error, not ignored."""
     fields = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in {**cfg, **network}.items()
-              if k != "name" and (k != "num_steps" or "num_steps" in fields)}
+              if k not in ("name", "module") and (k != "num_steps" or "num_steps" in fields)}
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ValueError(f"{cls.__name__} has no option(s) {unknown}; it has {sorted(fields)}")
@@ -106,6 +106,8 @@ def check_config(cfg: dict[str, Any]) -> None:
     check_options(EnvOptions, cfg["env"], "env.")
     algo = cfg["algorithm"]
     check_value("algorithm.num_steps", algo.get("num_steps"), int, AT_LEAST_ONE)
+    if algo.get("module"):  # the user's own algorithm: its module registers it
+        import_algorithm_module(str(algo["module"]))
     cls, _ = algorithm(algo["name"])
     check_options(cls, algo, "algorithm.")
     check_options(cls, cfg.get("network", {}), "network.")

@@ -26,6 +26,7 @@ from tempo_rl.algorithms.common import (
     standardize,
     truncated_returns,
 )
+from tempo_rl.algorithms.registry import register_algorithm
 from tempo_rl.envs import Env
 from tempo_rl.options import AT_LEAST_ONE, NON_NEGATIVE, option
 
@@ -37,6 +38,7 @@ class NStepConfig(ActorCriticConfig):
     anneal_lr: bool = False
 
 
+@register_algorithm("nstep", NStepConfig)
 def build(env: Env, cfg: NStepConfig, seed: int = 0) -> TrainProgram:
     ctx, fixed = rl_context(env, seed, "i", "t")
     b, i, t = ctx.dims

@@ -29,6 +29,7 @@ from tempo_rl.algorithms.common import (
     sampling_policy,
     standardize,
 )
+from tempo_rl.algorithms.registry import register_algorithm
 from tempo_rl.envs import Env
 from tempo_rl.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, option
 
@@ -47,6 +48,7 @@ class PPOConfig(ActorCriticConfig):
     adam_eps: float = option(1e-5, POSITIVE)
 
 
+@register_algorithm("ppo", PPOConfig)
 def build(env: Env, cfg: PPOConfig, seed: int = 0) -> TrainProgram:
     batch = cfg.num_steps * env.num_envs
     if batch % cfg.num_minibatches:

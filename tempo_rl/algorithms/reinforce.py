@@ -21,6 +21,7 @@ from tempo_rl.algorithms.common import (
     standardize,
     truncated_returns,
 )
+from tempo_rl.algorithms.registry import register_algorithm
 from tempo_rl.envs import Env
 from tempo_rl.options import POSITIVE, option
 
@@ -31,6 +32,7 @@ class ReinforceConfig(ActorCriticConfig):
     baseline: bool = True
 
 
+@register_algorithm("reinforce", ReinforceConfig)
 def build(env: Env, cfg: ReinforceConfig, seed: int = 0) -> TrainProgram:
     ctx, fixed = rl_context(env, seed, "i", "t")
     b, i, t = ctx.dims
