@@ -34,16 +34,17 @@ def decode(cfg: dict[str, Any], out: Any = sys.stdout) -> DecodeReport:
     prompt = _prompt(lm, cfg)
     ids = np.tile(np.asarray([prompt]), (int(cfg.get("batch", 1)), 1))
     eos = cfg.get("eos_token_id")
-    if eos is None and isinstance(lm.cfg.eos_token_id, int):
-        eos = lm.cfg.eos_token_id
-    options = dict(attention=cfg.get("attention", "causal"), window=cfg.get("window"),
+    if eos is None:  # the config's; of a list (Llama 3 has several), the first
+        eos = lm.cfg.eos_token_id[0] if isinstance(lm.cfg.eos_token_id, list) else lm.cfg.eos_token_id
+    options = dict(attention=cfg.get("attention"), window=cfg.get("window"),
                    temperature=float(cfg.get("temperature", 0.0)), top_k=cfg.get("top_k"),
-                   top_p=cfg.get("top_p"), eos_token_id=eos, seed=int(cfg.get("seed", 0)))
+                   top_p=cfg.get("top_p"), eos_token_id=eos, seed=int(cfg.get("seed", 0)),
+                   progress=bool(cfg.get("progress", True)))
     n = int(cfg["max_new_tokens"])
     start = time.perf_counter()
     lm.compile_generation(ids, n, **options)
     compiled = time.perf_counter()
-    generation = lm.generate(ids, n, progress=bool(cfg.get("progress", True)), **options)
+    generation = lm.generate(ids, n, **options)
     done = time.perf_counter()
     texts = [_text(lm, row[len(prompt):len(prompt) + length])
              for row, length in zip(generation.tokens, generation.lengths)]

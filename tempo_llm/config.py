@@ -19,6 +19,8 @@ import numpy as np
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_KEYS = {"linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
 class CheckpointFormatError(ValueError):
@@ -74,7 +76,8 @@ class LlamaConfig:
         _refuse_unsupported(raw, where)
         heads = _positive_int(raw, "num_attention_heads", where)
         hidden = _positive_int(raw, "hidden_size", where)
-        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        kv_heads = _positive_int(raw, "num_key_value_heads", where) if "num_key_value_heads" in raw \
+            and raw["num_key_value_heads"] is not None else heads
         if heads % kv_heads:
             raise CheckpointFormatError(f"{where}: num_attention_heads={heads} is not a multiple of "
                                         f"num_key_value_heads={kv_heads}")
@@ -85,6 +88,9 @@ class LlamaConfig:
             if kind not in ROPE_TYPES:
                 raise CheckpointFormatError(f"{where}: rope_scaling type {kind!r} is not supported "
                                             f"(supported: {', '.join(ROPE_TYPES)})")
+            missing = [k for k in ROPE_KEYS.get(kind, ()) if not isinstance(scaling.get(k), (int, float))]
+            if missing:
+                raise CheckpointFormatError(f"{where}: {kind} RoPE scaling needs {', '.join(missing)}")
         window = raw.get("sliding_window") if raw.get("model_type") == "mistral" else None
         return cls(vocab_size=_positive_int(raw, "vocab_size", where), hidden_size=hidden,
                    intermediate_size=_positive_int(raw, "intermediate_size", where),

@@ -60,14 +60,16 @@ class LanguageModel:
         request = _Request(*ids.shape, 0, self._attention(attention, window), Sampling(), None, True)
         return self._run(request, ids)["logits"]
 
-    def generate(self, ids: np.ndarray, max_new_tokens: int, *, attention: str = "causal",
+    def generate(self, ids: np.ndarray, max_new_tokens: int, *, attention: str | None = None,
                  window: int | None = None, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | None = None, seed: int = 0,
                  return_logits: bool = False, progress: bool = False) -> Generation:
         """``max_new_tokens`` tokens after each prompt of ``ids`` (``(B, P)`` ints).
-        ``attention="window"`` attends to the last ``window`` positions (by default the
-        config's ``sliding_window``). A sequence that emits ``eos_token_id`` keeps emitting
-        it; ``lengths`` says where each one stopped. ``progress``: a progress bar."""
+        ``attention`` is the model's own by default (a window for a Mistral config with
+        ``sliding_window``, else causal); ``"window"`` attends to the last ``window``
+        positions (by default the config's ``sliding_window``). A sequence that emits
+        ``eos_token_id`` keeps emitting it; ``lengths`` says where each one stopped.
+        ``progress``: a progress bar."""
         ids = _token_ids(ids, self.cfg.vocab_size)
         request = self._request(ids, max_new_tokens, attention, window, temperature, top_k, top_p,
                                 eos_token_id, seed, return_logits, progress)
@@ -109,7 +111,7 @@ class LanguageModel:
             window = self.cfg.sliding_window
         return Attention(kind, window)
 
-    def _request(self, ids: np.ndarray, max_new_tokens: int, attention: str = "causal",
+    def _request(self, ids: np.ndarray, max_new_tokens: int, attention: str | None = None,
                  window: int | None = None, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | None = None, seed: int = 0,
                  return_logits: bool = False, progress: bool = False) -> _Request:

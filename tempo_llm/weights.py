@@ -44,6 +44,10 @@ def load_weights(directory: str | Path, cfg: LlamaConfig) -> dict[str, np.ndarra
     directory = Path(directory)
     files = _weight_files(directory)
     wanted = expected_shapes(cfg)
+    biases = sorted(name for names in files.values() for name in names if name.endswith(".bias"))
+    if biases:
+        raise CheckpointFormatError(f"{directory} has bias tensors ({', '.join(biases[:3])}), which "
+                                    "this model has none of; it is not a Llama-family checkpoint")
     out: dict[str, np.ndarray] = {}
     for file, names in files.items():
         with safe_open(str(file), framework="numpy") as f:

@@ -1,12 +1,14 @@
 """A run's output directory, claimed for one run at a time and checked writable before
 anything is trained (an unwritable ``checkpoints/`` found after the run loses it).
 
-The claim is a lock file holding the owner's pid; a lock left by a process that no longer
-runs is taken over.
+The claim is an exclusive ``flock`` on a lock file holding the owner's pid: the operating
+system releases it when the owner exits, however it exits, so a lock left by a dead run
+is simply taken over.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
@@ -28,11 +30,12 @@ def claimed(out_dir: Path) -> Iterator[Path]:
     for folder in (out_dir, *(out_dir / name for name in WRITTEN)):
         _check_writable(folder)
     lock = out_dir / LOCK_NAME
-    _take(lock)
+    fd = _take(lock)
     try:
         yield out_dir
     finally:
-        lock.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)  # while still holding it: a waiting run re-checks the path
+        os.close(fd)
 
 
 def _check_writable(folder: Path) -> None:
@@ -45,40 +48,23 @@ def _check_writable(folder: Path) -> None:
                           "(hydra.run.dir=...) or fix its permissions") from None
 
 
-def _take(lock: Path) -> None:
-    """Create ``lock`` with this pid, or take it over from a process that has exited."""
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        owner = _owner(lock)
-        if owner is not None and _alive(owner):
+def _take(lock: Path) -> int:
+    """An open, exclusively locked descriptor of ``lock``, which now holds this pid."""
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
             raise RunDirError(f"{lock.parent} is in use by another run (pid {owner}); give this run "
                               "its own dir (hydra.run.dir=...), or stop that run") from None
-        _replace(lock)
-        return
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
-
-
-def _replace(lock: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=lock.parent, prefix=f".{lock.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(tmp, lock)
-
-
-def _owner(lock: Path) -> int | None:
-    try:
-        return int(lock.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:  # released (and removed) between our open and our lock
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            return fd
+        os.close(fd)

@@ -14,7 +14,7 @@ import numpy as np
 import tempo as tp
 from tempo_rl import checkpoints, run_dir
 from tempo_rl.algorithms import algorithm, import_algorithm_module
-from tempo_rl.envs import BraxEnv, Env, GymnasiumEnv, GymnaxEnv, NormalizedObservations, SyntheticEnv
+from tempo_rl.envs import NormalizedObservations, make_env
 from tempo_rl.metrics import MIB, MetricLogger, peak_rss_bytes
 from tempo_rl.options import AT_LEAST_ONE, ConfigError, EnvOptions, RunOptions, check_options, check_value
 
@@ -35,30 +35,6 @@ class TrainResult:
         """Mean episodic return over the ``last`` finished episodes."""
         tail = self.episode_returns[-last:]
         return float(np.mean(tail)) if tail else float("nan")
-
-
-def make_env(cfg: dict[str, Any], seed: int) -> Env:
-    """The env of the config's ``env`` group (``kind``: gymnasium, gymnax, brax or synthetic),
-    with normalized observations if ``normalize_obs``."""
-    env = _base_env(cfg, seed)
-    return NormalizedObservations(env) if cfg.get("normalize_obs") else env  # type: ignore[return-value]
-
-
-def _base_env(cfg: dict[str, Any], seed: int) -> Env:
-    kind = cfg.get("kind", "gymnasium")
-    num_envs = int(cfg.get("num_envs", 8))
-    if kind == "gymnasium":
-        return GymnasiumEnv(cfg["id"], num_envs=num_envs, seed=seed)
-    if kind == "brax":
-        return BraxEnv(cfg["id"], num_envs=num_envs, seed=seed, backend=cfg.get("backend", "spring"),
-                       episode_length=int(cfg.get("episode_length", 1000)))
-    if kind == "gymnax":
-        return GymnaxEnv(cfg["id"], num_envs=num_envs, seed=seed)
-    if kind == "synthetic":
-        return SyntheticEnv(num_envs, tuple(cfg.get("obs_shape", (4,))), int(cfg.get("num_actions", 2)),
-                            int(cfg.get("episode_length", 32)), seed=seed)
-    raise ValueError(f"unknown env kind {kind!r}; this build has 'gymnasium', 'gymnax', "
-                     f"'brax' and 'synthetic'")
 
 
 def _run_dir_of(checkpoint_path: str) -> Path | None:

@@ -81,9 +81,13 @@ def load(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def _numeric(path: Path, name: str, data: Any) -> np.ndarray:
     try:
         array = data[name]
-    except ValueError:  # numpy refuses object arrays without allow_pickle
-        raise CheckpointError(f"{path}: entry {name!r} holds Python objects (a pickle); checkpoints "
-                              "hold numeric arrays only and this one is refused") from None
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # numpy refuses object arrays without it
+            raise CheckpointError(f"{path}: entry {name!r} holds Python objects (a pickle); "
+                                  "checkpoints hold numeric arrays only and this one is refused") from None
+        raise CheckpointError(f"{path}: entry {name!r} is damaged ({_reason(e)})") from None
+    if not isinstance(array, np.ndarray):
+        raise CheckpointError(f"{path}: entry {name!r} is not an array")
     if array.dtype.kind not in "biufc":
         raise CheckpointError(f"{path}: entry {name!r} is a {array.dtype} array; checkpoints hold "
                               "numeric arrays only")

@@ -261,8 +261,9 @@ def stop_when(cond: RecurrentTensor, name: str | None = None) -> None:
     sequence has ended). The run's outputs then hold their points up to and including
     that point along the last dim of ``cond``'s domain (``Results.stopped_at`` says
     where); an output point that was not computed by then is an error when read."""
-    if not isinstance(cond, RecurrentTensor) or cond.dtype != "bool":
-        raise DomainError(f"stop_when needs a boolean tensor, got {cond!r}", user_site())
+    if not isinstance(cond, RecurrentTensor) or cond.dtype != "bool" or tuple(cond.shape):
+        raise DomainError(f"stop_when needs a boolean scalar (reduce it: cond.max()), got {cond!r}",
+                          user_site())
     if not cond.domain:
         raise DomainError("stop_when needs a condition that varies over a dim", user_site())
 

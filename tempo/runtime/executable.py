@@ -134,7 +134,7 @@ class Executable:
         shift = _checked_origin(self.ctx, origin or {})
         self.stats = MemoryStats()
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats,
-                              self.swapped)
+                              self.swapped, {rt.key for rt in self.outputs})
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
                                      self.backend, shift)
         if profile is not None:
@@ -151,8 +151,9 @@ class Executable:
         stopped = None
         try:
             self._program(namespace)
-        except StopRun as stop:
-            stopped = stop.point
+        except StopRun as stop:  # its point is as host ops see it: moved by the origin
+            by_name = {d.name: k for d, k in shift.items()}
+            stopped = {name: v - by_name.get(name, 0) for name, v in stop.point.items()}
         finally:  # the launchers outlive the run, its stored values must not
             for launch in self._launchers.values():
                 launch.bind({}, {}, {})
@@ -168,7 +169,7 @@ class Executable:
         schedule runs, found by walking its statements without running them
         (``tempo.runtime.footprint``)."""
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, MemoryStats(),
-                              self.swapped)
+                              self.swapped, {rt.key for rt in self.outputs})
         return predict(self._instances(), stores, self.bounds)
 
     def _instances(self) -> list[tuple[Statement, tuple[int, ...]]]:
@@ -459,14 +460,15 @@ def _free(op: Op, outputs: tuple[int, ...], stores: dict) -> Callable:
 
 # ---- stores ------------------------------------------------------------------------------
 def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                 backend: Any, stats: MemoryStats, swapped: set[int]) -> dict:
+                 backend: Any, stats: MemoryStats, swapped: set[int],
+                 outputs: Collection[tuple[int, int]] = ()) -> dict:
     consumers = graph.consumers()
     stores = {}
     for op in graph.ops.values():
         for k in range(len(op.outputs)):
             readers = [e for e in consumers[op.id] if e.src_out == k]
             stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats,
-                                            op.id in swapped)
+                                            op.id in swapped, (op.id, k) in outputs)
     return stores
 
 
@@ -490,13 +492,18 @@ def _until(rt: RecurrentTensor, sizes: list[int], stopped: dict[str, int], store
 def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
                    bound_of: dict[Symbol, Symbol]) -> int | None:
     """The most consecutive points of the innermost dim any reader sees at once, when every
-    reader reads points or slices whose size depends on one dim of its own at most (a
-    window ``x[max(0, t-w+1):t+1]`` over ``t``); None otherwise."""
+    reader reads points or slices that move with one of its dims, slices whose size
+    depends on one dim at most (a window ``x[max(0, t-w+1):t+1]`` over ``t``); None
+    otherwise (a fixed point such as ``x[0]`` would stay alive while the window moves on)."""
     widest = 1
     for edge in readers:
         entry = edge.phi[-1]
         if not isinstance(entry, Slice):
+            if not entry.symbols() - set(bounds):  # a fixed point (x[0], x[T-1]): kept long
+                return None
             continue
+        if not entry.start.symbols() - set(bounds):  # a slice that does not move (x[0:3])
+            return None
         size = entry.size
         free = [s for s in size.symbols() if s not in bounds]
         if len(free) > 1:
@@ -514,14 +521,14 @@ def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
 
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                bound_of: dict[Symbol, Symbol], backend: Any, stats: MemoryStats,
-               swapped: bool) -> Any:
+               swapped: bool, output: bool = False) -> Any:
     t = op.outputs[k]
     static = all(not (d.symbols() - set(bounds)) for d in t.shape)
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
     inner_slices = op.domain and any(isinstance(e.phi[-1], Slice) for e in readers)
     if shape is not None and inner_slices:
         length = bounds[bound_of[op.domain[-1]]]
-        window = _widest_window(readers, bounds, bound_of)
+        window = None if output else _widest_window(readers, bounds, bound_of)  # an output keeps all
         if window is not None and 2 * window < length:
             return WindowStore(stats, length, shape, t.dtype, window, backend.view_of_host)
         return BlockStore(stats, length, shape, t.dtype, backend.view_of_host)

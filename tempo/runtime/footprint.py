@@ -76,9 +76,10 @@ def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, poi
         produced, held, capacity = buffers[prefix]
         produced.add(row)
         held.add(row)
-        while ring and len(held) > capacity[0]:
-            counter.add(_buffer_bytes(store, 2 * capacity[0]) - _buffer_bytes(store, capacity[0]))
-            capacity[0] *= 2
+        while ring and len(held) > capacity[0] and capacity[0] < store.length:
+            grown = min(2 * capacity[0], store.length)
+            counter.add(_buffer_bytes(store, grown) - _buffer_bytes(store, capacity[0]))
+            capacity[0] = grown
     elif prefix in buffers:
         produced, held, capacity = buffers[prefix]
         held.discard(row)
@@ -88,7 +89,7 @@ def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, poi
 
 
 def _buffer_bytes(store: BlockStore, capacity: int) -> int:
-    rows = 2 * capacity if isinstance(store, WindowStore) else capacity
+    rows = 2 * capacity if isinstance(store, WindowStore) and capacity < store.length else capacity
     return rows * _row_bytes(store)
 
 

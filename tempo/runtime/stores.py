@@ -424,7 +424,8 @@ class WindowStore(BlockStore):
         block = self.blocks.get(prefix)
         if block is None:
             capacity = self.capacity[prefix] = self.initial
-            block = self.blocks[prefix] = aligned_zeros((2 * capacity, *self.shape), self.dtype)
+            rows = capacity if capacity >= self.length else 2 * capacity  # the whole dim: no ring
+            block = self.blocks[prefix] = aligned_zeros((rows, *self.shape), self.dtype)
             self.live[prefix], self.produced[prefix], self.written[prefix] = set(), set(), {}
             self.stats.host.add(block.nbytes)
         return block
@@ -438,7 +439,9 @@ class WindowStore(BlockStore):
                 break
             self._grow(prefix)  # the slot's point is still needed
         block = self.blocks[prefix]
-        block[slot] = block[slot + self.capacity[prefix]] = row
+        block[slot] = row
+        if self.capacity[prefix] < self.length:
+            block[slot + self.capacity[prefix]] = row
         self.written[prefix][slot] = k
 
     def _grow(self, prefix: tuple[int, ...]) -> None:
@@ -446,7 +449,7 @@ class WindowStore(BlockStore):
         rows = {k: old[slot] for slot, k in self.written[prefix].items() if k in self.live[prefix]}
         self.stats.host.now -= old.nbytes
         del self.blocks[prefix]
-        self.initial, previous = 2 * capacity, self.initial
+        self.initial, previous = min(2 * capacity, self.length), self.initial  # at most the whole dim
         live, produced = self.live[prefix], self.produced[prefix]
         self._block(prefix)
         self.initial = previous
@@ -462,7 +465,7 @@ class WindowStore(BlockStore):
 
     def read(self, index: tuple) -> Any:
         prefix, last = index[:-1], index[-1]
-        if isinstance(last, slice) and (last.stop <= last.start or _empty(prefix)):
+        if isinstance(last, slice) and last.stop <= last.start or _empty(prefix):
             return super().read(index)  # an empty slice: zeros, no rows read
         if any(isinstance(i, slice) for i in prefix):
             return self._read_rows(index)

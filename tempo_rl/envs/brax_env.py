@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from tempo_rl.envs.jax_env import JaxEnv
+from tempo_rl.envs.registry import register_env
 
 
 class BraxEnv(JaxEnv):
@@ -43,3 +44,9 @@ class BraxEnv(JaxEnv):
         _, fresh = self.reset_env(key)
         state = jax.tree_util.tree_map(lambda new, old: jnp.where(done > 0, new, old), fresh, after)
         return state.obs, after.reward, done * (1 - truncated), truncated, after.obs, state
+
+
+@register_env("brax")
+def _from_config(cfg: dict[str, Any], num_envs: int, seed: int) -> BraxEnv:
+    return BraxEnv(cfg["id"], num_envs=num_envs, seed=seed, backend=cfg.get("backend", "spring"),
+                   episode_length=int(cfg.get("episode_length", 1000)))

@@ -19,9 +19,9 @@ from gymnasium.envs.registration import EnvSpec
 
 REBUILT = frozenset({"env", "spec", "_cached_spec", "_saved_kwargs", "render_mode", "metadata"})
 """Attributes that ``gym.make`` recreates; not part of the state."""
-BIT_GENERATORS = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM,
-                  "MT19937": np.random.MT19937, "Philox": np.random.Philox, "SFC64": np.random.SFC64}
-"""The bit generators a stored ``np.random.Generator`` may name (nothing else is built)."""
+BIT_GENERATORS = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM}
+"""The bit generators a stored ``np.random.Generator`` may name (nothing else is built;
+these are gymnasium's, and their state is plain integers)."""
 
 
 class EnvStateError(ValueError):
@@ -40,7 +40,7 @@ def load(env: gym.Env, stored: Any) -> None:
     """Set the state ``dump`` gave on ``env`` (made with the same id; not reset)."""
     layers = _layers(env)
     classes = [type(layer).__name__ for layer in layers]
-    found = [s.get("class") if isinstance(s, dict) else s for s in stored] \
+    found = [s.get("class") if isinstance(s, dict) else None for s in stored] \
         if isinstance(stored, list) else stored
     if found != classes:
         raise EnvStateError(f"the stored env has layers {found}, this env {classes}")
@@ -48,6 +48,9 @@ def load(env: gym.Env, stored: Any) -> None:
         where = type(layer).__name__
         known = {name for name, value in vars(layer).items() if _is_state(value, name)}
         attrs = saved.get("attrs")
+        if isinstance(attrs, dict) and REBUILT & attrs.keys():
+            raise EnvStateError(f"the stored {where} sets {sorted(REBUILT & attrs.keys())}, which only "
+                                "gym.make builds")
         # A fresh env lacks what its first reset creates (the generator): more is fine.
         if not isinstance(attrs, dict) or not known <= set(attrs) or any(n.startswith("__") for n in attrs):
             stored_names = sorted(attrs) if isinstance(attrs, dict) else attrs

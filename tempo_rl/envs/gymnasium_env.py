@@ -14,6 +14,8 @@ and the env is reset in the same step. Between iterations the envs' state is kep
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 
@@ -21,6 +23,7 @@ import tempo as tp
 from tempo.symbolic.expr import Symbol
 from tempo_rl.envs import gym_state
 from tempo_rl.envs.base import EnvBase, Policy, Rollout, from_json_array, json_array, saved_marker
+from tempo_rl.envs.registry import register_env
 
 
 class GymnasiumEnv(EnvBase):
@@ -113,3 +116,8 @@ class GymnasiumEnv(EnvBase):
         obs[b, i, t + 1] = nxt
         return Rollout(obs, action, reward, terminated, truncated, final, extras,
                        saved_marker(saved, b, i))
+
+
+@register_env("gymnasium")
+def _from_config(cfg: dict[str, Any], num_envs: int, seed: int) -> GymnasiumEnv:
+    return GymnasiumEnv(cfg["id"], num_envs=num_envs, seed=seed)

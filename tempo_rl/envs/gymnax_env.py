@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from tempo_rl.envs.jax_env import JaxEnv
+from tempo_rl.envs.registry import register_env
 
 
 class GymnaxEnv(JaxEnv):
@@ -39,3 +40,8 @@ class GymnaxEnv(JaxEnv):
         obs, state, reward, terminated, truncated, info = self.env.step(
             key, state, action.astype(jnp.int32), self.params)
         return obs, reward, terminated, truncated, info["final_observation"], state
+
+
+@register_env("gymnax")
+def _from_config(cfg: dict[str, Any], num_envs: int, seed: int) -> GymnaxEnv:
+    return GymnaxEnv(cfg["id"], num_envs=num_envs, seed=seed)

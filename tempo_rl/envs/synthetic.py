@@ -15,6 +15,8 @@ draws (``tp.normal`` keyed by the point), so runs are reproducible and resume ex
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,7 @@ import numpy as np
 import tempo as tp
 from tempo.symbolic.expr import Symbol
 from tempo_rl.envs.base import EnvBase, Policy, Rollout, saved_marker
+from tempo_rl.envs.registry import register_env
 
 
 class SyntheticEnv(EnvBase):
@@ -100,3 +103,9 @@ class SyntheticEnv(EnvBase):
         count[b, i, t + 1] = next_count
         return Rollout(obs, action, reward, reward * 0.0, truncated, nxt, extras,
                        saved_marker(saved, b, i))
+
+
+@register_env("synthetic")
+def _from_config(cfg: dict[str, Any], num_envs: int, seed: int) -> SyntheticEnv:
+    return SyntheticEnv(num_envs, tuple(cfg.get("obs_shape", (4,))), int(cfg.get("num_actions", 2)),
+                        int(cfg.get("episode_length", 32)), seed=seed)

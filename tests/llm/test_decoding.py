@@ -160,7 +160,8 @@ def test_the_random_checkpoint_tool_writes_what_transformers_loads(tmp_path):
 @pytest.mark.parametrize("damage,message", [
     ("missing tensor", "lacks 1 tensor"), ("wrong shape", "has shape"),
     ("architecture", "unsupported architecture"), ("attention bias", "attention_bias"),
-    ("no config", "no config.json"), ("no weights", "neither model.safetensors")])
+    ("no config", "no config.json"), ("no weights", "neither model.safetensors"),
+    ("bias", "bias tensors"), ("rope", "needs factor")])
 def test_a_bad_checkpoint_is_an_error_naming_what_is_wrong(tmp_path, damage, message):
     from safetensors.numpy import load_file, save_file
     path = random_checkpoint.write(tmp_path / "m", random_checkpoint.Spec(layers=1, hidden=16, vocab=20))
@@ -178,6 +179,10 @@ def test_a_bad_checkpoint_is_an_error_naming_what_is_wrong(tmp_path, damage, mes
         (path / "config.json").unlink()
     elif damage == "no weights":
         weights.unlink()
+    elif damage == "bias":
+        tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(16, np.float32)
+    elif damage == "rope":
+        config["rope_scaling"] = {"rope_type": "linear"}
     if weights.exists():
         save_file(tensors, str(weights))
     if (path / "config.json").exists():

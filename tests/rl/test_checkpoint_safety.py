@@ -162,3 +162,14 @@ def test_an_env_whose_state_is_not_plain_data_is_an_error_at_checkpoint_time():
     env.unwrapped.frames = collections.deque([np.zeros(2)])
     with pytest.raises(gym_state.EnvStateError, match=r"CartPoleEnv\.frames holds a deque"):
         gym_state.dump(env)
+
+
+def test_a_stored_env_state_cannot_set_what_gym_make_builds():
+    env = gym.make("CartPole-v1")
+    env.reset(seed=0)
+    stored = gym_state.dump(env)
+    stored[0]["attrs"]["env"] = "replaced"
+    with pytest.raises(gym_state.EnvStateError, match="only gym.make builds"):
+        gym_state.load(gym.make("CartPole-v1"), stored)
+    with pytest.raises(gym_state.EnvStateError, match="layers"):
+        gym_state.load(gym.make("CartPole-v1"), ["not a layer"] * len(stored))

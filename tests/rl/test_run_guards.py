@@ -88,15 +88,21 @@ def test_total_timesteps_that_is_not_whole_iterations_says_what_would_fit(tmp_pa
 
 
 def test_a_run_dir_held_by_a_live_run_is_refused_and_a_stale_lock_taken_over(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from pathlib import Path\n"
+                               "from tempo_rl.run_dir import claimed\n"
+                               "with claimed(Path(sys.argv[1])):\n"
+                               "    print('held', flush=True); time.sleep(60)", str(tmp_path)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
-        (tmp_path / LOCK_NAME).write_text(str(holder.pid))
+        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirError, match=f"in use by another run \\(pid {holder.pid}\\)"):
             train(config(*RUN), tmp_path, progress=False)
     finally:
-        holder.kill()
+        holder.kill()  # killed: it never removes its lock file
         holder.wait()
-    result = train(config(*RUN), tmp_path, progress=False)  # the holder is gone: its lock is stale
+    assert (tmp_path / LOCK_NAME).exists()
+    result = train(config(*RUN), tmp_path, progress=False)  # the holder is gone: its lock is free
     assert result.checkpoint is not None and not (tmp_path / LOCK_NAME).exists()
 
 

@@ -46,3 +46,24 @@ def test_stop_when_needs_a_boolean_over_a_dim():
         x = tp.symbol_value(t).astype("float32")
         with pytest.raises(tp.DomainError, match="boolean"):
             tp.stop_when(x)
+
+
+def test_a_run_resumed_at_an_origin_stops_at_the_same_point():
+    """Host ops see coordinates moved by the origin; the stop is reported in this run's."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (Tb,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.symbol_value(t).astype("float32")
+        tp.stop_when(x >= 5.0)  # symbol_value sees t + 2
+    res = ctx.compile({Tb: 10}, [x], backend="numpy").run(origin={t: 2})
+    assert res.stopped_at == {"t": 3}
+    np.testing.assert_array_equal(res[x], [2.0, 3.0, 4.0, 5.0])
+
+
+def test_stop_when_needs_a_scalar():
+    ctx = tp.Context(dims=("t",))
+    (t,), _ = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.symbol_value(t).astype("float32").unsqueeze(0).expand(2)
+        with pytest.raises(tp.DomainError, match="scalar"):
+            tp.stop_when(x > 1.0)
