@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,6 +19,51 @@ VIEW_MIN_BYTES = 1 << 16
 """Block-store rows at least this large are handed to JAX kernels as device arrays over
 the host buffer (``JaxBackend.view_of_host``); below it ``device_put`` costs more than the
 copy a kernel makes."""
+
+
+class Backend(Protocol):
+    """What the runtime asks of an array backend (``NumpyBackend``, ``JaxBackend``)."""
+
+    name: str
+
+    def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
+        """The function that runs ``op`` on this backend's arrays."""
+        ...
+
+    def from_host(self, value: np.ndarray) -> Any:
+        """A host array as this backend's value."""
+        ...
+
+    def view_of_host(self, rows: np.ndarray) -> Any:
+        """Rows of a host buffer as a value kernels take (without a copy where possible)."""
+        ...
+
+    def to_host(self, value: Any) -> np.ndarray:
+        ...
+
+    def check_dtype(self, op: Op) -> None:
+        """An error if ``op``'s dtypes are not supported here."""
+        ...
+
+    def stack(self, values: list[Any]) -> Any:
+        ...
+
+    def synchronize(self, value: Any) -> None:
+        """Wait until ``value`` (and what it depends on) is computed."""
+        ...
+
+    def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
+        ...
+
+    def donatable(self, value: Any) -> bool:
+        """Whether a kernel may take over ``value``'s buffer."""
+        ...
+
+    def take(self, values: Any, rows: Any) -> Any:
+        ...
+
+    def rows(self, values: Any, start: int, count: int) -> Any:
+        ...
 
 
 class NumpyBackend:

@@ -23,7 +23,7 @@ from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
 from tempo.ir.validate import check_graph, check_parallel, check_placeholders, resolve_bounds
 from tempo.passes import PIPELINE, PassState, run_pipeline
-from tempo.runtime.backends import make_backend
+from tempo.runtime.backends import Backend, make_backend
 from tempo.runtime.footprint import Footprint, predict
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
@@ -91,7 +91,7 @@ class Executable:
     """A scheduled program for fixed bounds. ``run()`` executes it from scratch."""
 
     def __init__(self, ctx: Context, graph: SDG, bounds: dict[Symbol, int],
-                 outputs: list[RecurrentTensor], schedule: Schedule, backend: Any,
+                 outputs: list[RecurrentTensor], schedule: Schedule, backend: Backend,
                  report: CompileReport, memory: MemoryPolicy | None = None,
                  loops: LoopPolicy | None = None):
         self.ctx, self.graph, self.bounds = ctx, graph, bounds
@@ -435,7 +435,7 @@ def _checked_origin(ctx: Context, origin: dict[Symbol, int]) -> dict[Symbol, int
 
 
 def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[Symbol, int],
-                     backend: Any, shift: dict[Symbol, int]) -> dict[str, Callable]:
+                     backend: Backend, shift: dict[Symbol, int]) -> dict[str, Callable]:
     table: dict[str, Callable] = {}
     for name, stmt in schedule.statements.items():
         op = stmt.op
@@ -460,7 +460,7 @@ def _free(op: Op, outputs: tuple[int, ...], stores: dict) -> Callable:
 
 # ---- stores ------------------------------------------------------------------------------
 def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                 backend: Any, stats: MemoryStats, swapped: set[int],
+                 backend: Backend, stats: MemoryStats, swapped: set[int],
                  outputs: Collection[tuple[int, int]] = ()) -> dict:
     consumers = graph.consumers()
     stores = {}
@@ -520,7 +520,7 @@ def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
 
 
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
-               bound_of: dict[Symbol, Symbol], backend: Any, stats: MemoryStats,
+               bound_of: dict[Symbol, Symbol], backend: Backend, stats: MemoryStats,
                swapped: bool, output: bool = False) -> Any:
     t = op.outputs[k]
     static = all(not (d.symbols() - set(bounds)) for d in t.shape)
@@ -544,7 +544,7 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
 
 # ---- launchers ---------------------------------------------------------------------------
 def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
-                  backend: Any, shift: dict[Symbol, int] | None = None,
+                  backend: Backend, shift: dict[Symbol, int] | None = None,
                   last_reads: dict[Edge, Expr] | None = None) -> Launcher:
     """The function that executes ``op`` at a point (host ops see coordinates and bounds
     moved by ``shift``, see ``Executable.run``'s origin; device kernels donate the inputs
@@ -576,7 +576,7 @@ def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,
 
 
 def _reader_sum_launcher(op: Op, edge: Edge, stores: dict, bounds: dict[Symbol, int],
-                         backend: Any) -> Launcher:
+                         backend: Backend) -> Launcher:
     accumulate = compile_reader_sum(op.params["reads"], op.domain, bounds)
     read = stores[(edge.src.id, edge.src_out)].reader(False)
     write = stores[(op.id, 0)].write
@@ -600,7 +600,7 @@ def _host_view(op: Op, bounds: dict[Symbol, int], shift: dict[Symbol, int]) -> t
 
 
 def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Symbol, int],
-                   backend: Any, shift: dict[Symbol, int]) -> Launcher:
+                   backend: Backend, shift: dict[Symbol, int]) -> Launcher:
     kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
     to_host, from_host, domain = backend.to_host, backend.from_host, op.domain
     shifted, offsets = _host_view(op, bounds, shift)
@@ -635,7 +635,7 @@ def _batched_point_ops(schedule: Schedule, stores: dict, bounds: dict[Symbol, in
 
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
-                     bounds: dict[Symbol, int], backend: Any, last_reads: dict[Edge, Expr],
+                     bounds: dict[Symbol, int], backend: Backend, last_reads: dict[Edge, Expr],
                      stores: dict) -> Launcher:
     multi = op.definition.multi_output
     symbolic = bool(param_symbols(op.params) & set(op.domain))  # params vary with the point
@@ -675,7 +675,7 @@ def _refs_of_a_stored_input() -> int:
 _STORED_ONCE = _refs_of_a_stored_input()
 
 
-def _donating_launcher(op: Op, reads: list, writes: list[Callable], params: dict, backend: Any,
+def _donating_launcher(op: Op, reads: list, writes: list[Callable], params: dict, backend: Backend,
                        kernel: Callable, donors: list[tuple[int, Callable, Any]]) -> Launcher:
     """A device launcher that donates input ``k`` of ``donors`` (``(k, last, store)``)
     where ``last`` holds (the read is the last use of the point) and no other store holds

@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from tempo.runtime.plan import LoopPlanner, Plan, Slot, Unlowerable, point_op, t
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Symbol
+
+if TYPE_CHECKING:
+    from tempo.runtime.backends import JaxBackend
 
 MODES = ("timed", "lowered", "interpreted")
 WARM_ENTRIES = 1
@@ -197,7 +200,7 @@ class LoopLauncher:
     timings serve every run; ``bind`` gives it a run's stores and statements."""
 
     def __init__(self, lowerable: Lowerable, statements: dict[str, Statement], graph: SDG,
-                 bounds: dict[Symbol, int], backend: Any, policy: LoopPolicy, choice: LoopChoice):
+                 bounds: dict[Symbol, int], backend: JaxBackend, policy: LoopPolicy, choice: LoopChoice):
         loop, outer = lowerable.loop, lowerable.outer
         self.bounds, self.backend, self.policy, self.choice = bounds, backend, policy, choice
         self.planner = LoopPlanner(loop, outer, statements, graph, bounds, backend)

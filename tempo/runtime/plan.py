@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tempo.ir.graph import SDG, Edge, Op
+from tempo.runtime.backends import Backend
 from tempo.runtime.nest import Nest, Space
 from tempo.runtime.stores import BlockStore
 from tempo.schedule import ast
@@ -220,7 +221,7 @@ class LoopPlanner:
     training iterations are such translates."""
 
     def __init__(self, loop: ast.Loop, outer: tuple[Symbol, ...], statements: dict[str, Statement],
-                 graph: SDG, bounds: dict[Symbol, int], backend: Any):
+                 graph: SDG, bounds: dict[Symbol, int], backend: Backend):
         self.bounds, self.backend = bounds, backend
         self.stores: dict = {}
         self.batched: dict[str, Callable] = {}

@@ -12,9 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tempo.schedule.scheduler import Statement
+
+if TYPE_CHECKING:
+    from tempo.runtime.backends import Backend
 
 
 @dataclass
@@ -34,12 +37,12 @@ class RunProfile:
         return sum(t.seconds for t in self.ops.values())
 
     def instrument(self, table: dict[str, Callable], statements: dict[str, Statement],
-                   stores: dict, backend: Any) -> dict[str, Callable]:
+                   stores: dict, backend: Backend) -> dict[str, Callable]:
         """``table``'s launchers, each timed into this profile."""
         return {name: self._timed(launch, statements[name], stores, backend)
                 for name, launch in table.items()}
 
-    def _timed(self, launch: Callable, stmt: Statement, stores: dict, backend: Any) -> Callable:
+    def _timed(self, launch: Callable, stmt: Statement, stores: dict, backend: Backend) -> Callable:
         entry = self.ops.setdefault((stmt.kind, stmt.op.name), OpTime())
         outputs = [stores[(stmt.op.id, k)] for k in range(len(stmt.op.outputs))] \
             if stmt.kind == "exec" else []

@@ -6,9 +6,12 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tempo.runtime.backends import Backend
 
 
 @dataclass
@@ -94,7 +97,7 @@ class PointStore:
     """One array per point, in the backend's memory. Fast point reads and writes; slice
     reads stack points."""
 
-    def __init__(self, backend: Any, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any],
+    def __init__(self, backend: Backend, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any],
                  point_bytes: int | None = None):
         self.backend, self.stats, self.empty = backend, stats, empty
         self.bytes = self._counter(stats)
