@@ -103,6 +103,8 @@ class Executable:
                                    {op.id: point_bytes(op, bounds) for op in graph.ops.values()}) \
             if backend.name != "numpy" else set()
         """Ids of the ops whose points wait in host memory (``tempo.schedule.memory``)."""
+        self.windows = _window_widths(graph, bounds, ctx.bound_of, {rt.key for rt in outputs})
+        """Per stored output read only through bounded windows: their width (a ``WindowStore``)."""
         self.loops = loops or LoopPolicy()
         root = ast.substitute(schedule.root, bounds)
         self._interpreted = _compile_source(_program_source(root, schedule.statements))
@@ -134,7 +136,7 @@ class Executable:
         shift = _checked_origin(self.ctx, origin or {})
         self.stats = MemoryStats()
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats,
-                              self.swapped, {rt.key for rt in self.outputs})
+                              self.swapped, self.windows)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
                                      self.backend, shift)
         if profile is not None:
@@ -169,7 +171,7 @@ class Executable:
         schedule runs, found by walking its statements without running them
         (``tempo.runtime.footprint``)."""
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, MemoryStats(),
-                              self.swapped, {rt.key for rt in self.outputs})
+                              self.swapped, self.windows)
         return predict(self._instances(), stores, self.bounds)
 
     def _instances(self) -> list[tuple[Statement, tuple[int, ...]]]:
@@ -184,9 +186,9 @@ class Executable:
     def _gather(self, rt: RecurrentTensor, stores: dict, stopped: dict[str, int] | None = None) -> np.ndarray:
         store = stores[rt.key]
         sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]
-        if stopped is not None:
-            sizes = _until(rt, sizes, stopped, store, self.graph.ops[rt.op.id].domain)
         domain = self.graph.ops[rt.op.id].domain
+        if stopped is not None:
+            sizes = _until(rt, sizes, stopped, store, domain)
         # Parallel dims laid out (tempo.passes.parallel): the last one laid out leads.
         stacked = [rt.domain.index(d) for d in reversed(self.ctx.parallel)
                    if d in rt.domain and d not in domain]
@@ -461,15 +463,36 @@ def _free(op: Op, outputs: tuple[int, ...], stores: dict) -> Callable:
 # ---- stores ------------------------------------------------------------------------------
 def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
                  backend: Backend, stats: MemoryStats, swapped: set[int],
-                 outputs: Collection[tuple[int, int]] = ()) -> dict:
+                 windows: dict[tuple[int, int], int]) -> dict:
     consumers = graph.consumers()
     stores = {}
     for op in graph.ops.values():
         for k in range(len(op.outputs)):
             readers = [e for e in consumers[op.id] if e.src_out == k]
             stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats,
-                                            op.id in swapped, (op.id, k) in outputs)
+                                            op.id in swapped, windows.get((op.id, k)))
     return stores
+
+
+def _window_widths(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
+                   outputs: Collection[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """The outputs of ops that go in a ``WindowStore`` (read through slices of their
+    innermost dim, each at most ``w`` points with ``2w`` under the dim's bound, and not a
+    program output, which keeps every point), with ``w``."""
+    consumers = graph.consumers()
+    widths = {}
+    for op in graph.ops.values():
+        if not op.domain:
+            continue
+        length = bounds[bound_of[op.domain[-1]]]
+        for k in range(len(op.outputs)):
+            readers = [e for e in consumers[op.id] if e.src_out == k]
+            if (op.id, k) in outputs or not any(isinstance(e.phi[-1], Slice) for e in readers):
+                continue
+            width = _widest_window(readers, bounds, bound_of)
+            if width is not None and 2 * width < length:
+                widths[(op.id, k)] = width
+    return widths
 
 
 def _until(rt: RecurrentTensor, sizes: list[int], stopped: dict[str, int], store: Any,
@@ -514,22 +537,21 @@ def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
         dim = free[0]
         if dim not in bound_of or bound_of[dim] not in bounds:
             return None
-        sizes = (int(size.evaluate({**bounds, dim: v})) for v in range(bounds[bound_of[dim]]))
-        widest = max([widest, *sizes])
+        size_at = compile_function([size], [dim], bounds)
+        widest = max([widest, *(int(size_at(v)[0]) for v in range(bounds[bound_of[dim]]))])
     return widest
 
 
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                bound_of: dict[Symbol, Symbol], backend: Backend, stats: MemoryStats,
-               swapped: bool, output: bool = False) -> Any:
+               swapped: bool, window: int | None = None) -> Any:
     t = op.outputs[k]
     static = all(not (d.symbols() - set(bounds)) for d in t.shape)
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
     inner_slices = op.domain and any(isinstance(e.phi[-1], Slice) for e in readers)
     if shape is not None and inner_slices:
         length = bounds[bound_of[op.domain[-1]]]
-        window = None if output else _widest_window(readers, bounds, bound_of)  # an output keeps all
-        if window is not None and 2 * window < length:
+        if window is not None:
             return WindowStore(stats, length, shape, t.dtype, window, backend.view_of_host)
         return BlockStore(stats, length, shape, t.dtype, backend.view_of_host)
 

@@ -361,9 +361,17 @@ class BlockStore:
         if any(isinstance(i, slice) for i in prefix):
             axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in prefix]
             sizes = tuple(len(a) for a in axes if isinstance(a, range))
-            rows = [self.blocks[p][last] for p in itertools.product(*axes)]
+            rows = [self._rows(p, last) for p in itertools.product(*axes)]
             return self.view(np.stack(rows).reshape(sizes + tuple(rows[0].shape)))
-        return self.view(self.blocks[prefix][last])
+        return self.view(self._rows(prefix, last))
+
+    def _rows(self, prefix: tuple[int, ...], last: int | slice) -> np.ndarray:
+        """The stored rows of ``prefix`` at ``last`` (a point or a run of points)."""
+        block = self.blocks[prefix]
+        if isinstance(last, slice):
+            start = self._slot(prefix, last.start)
+            return block[start:start + last.stop - last.start]
+        return block[self._slot(prefix, last)]
 
     def free(self, point: tuple[int, ...]) -> None:
         prefix, k = point[:-1], point[-1]
@@ -426,11 +434,17 @@ class WindowStore(BlockStore):
     def _block(self, prefix: tuple[int, ...]) -> np.ndarray:
         block = self.blocks.get(prefix)
         if block is None:
-            capacity = self.capacity[prefix] = self.initial
-            rows = capacity if capacity >= self.length else 2 * capacity  # the whole dim: no ring
-            block = self.blocks[prefix] = aligned_zeros((rows, *self.shape), self.dtype)
-            self.live[prefix], self.produced[prefix], self.written[prefix] = set(), set(), {}
-            self.stats.host.add(block.nbytes)
+            block = self._allocate(prefix, self.initial)
+            self.live[prefix], self.produced[prefix] = set(), set()
+        return block
+
+    def _allocate(self, prefix: tuple[int, ...], capacity: int) -> np.ndarray:
+        """An empty ring of ``capacity`` slots for ``prefix`` (one buffer row per point when
+        it spans the whole dim)."""
+        self.capacity[prefix], self.written[prefix] = capacity, {}
+        rows = capacity if capacity >= self.length else 2 * capacity
+        block = self.blocks[prefix] = aligned_zeros((rows, *self.shape), self.dtype)
+        self.stats.host.add(block.nbytes)
         return block
 
     def _put(self, prefix: tuple[int, ...], k: int, row: np.ndarray) -> None:
@@ -451,12 +465,7 @@ class WindowStore(BlockStore):
         old, capacity = self.blocks[prefix], self.capacity[prefix]
         rows = {k: old[slot] for slot, k in self.written[prefix].items() if k in self.live[prefix]}
         self.stats.host.now -= old.nbytes
-        del self.blocks[prefix]
-        self.initial, previous = min(2 * capacity, self.length), self.initial  # at most the whole dim
-        live, produced = self.live[prefix], self.produced[prefix]
-        self._block(prefix)
-        self.initial = previous
-        self.live[prefix], self.produced[prefix] = live, produced
+        self._allocate(prefix, min(2 * capacity, self.length))  # at most the whole dim
         for k, row in rows.items():
             self._put(prefix, k, row)
 
@@ -464,26 +473,10 @@ class WindowStore(BlockStore):
         return k % self.capacity[prefix]
 
     def read_point(self, index: tuple) -> Any:
-        return self.blocks[index[:-1]][self._slot(index[:-1], index[-1])].copy()
+        return self._rows(index[:-1], index[-1])
 
-    def read(self, index: tuple) -> Any:
-        prefix, last = index[:-1], index[-1]
-        if isinstance(last, slice) and last.stop <= last.start or _empty(prefix):
-            return super().read(index)  # an empty slice: zeros, no rows read
-        if any(isinstance(i, slice) for i in prefix):
-            return self._read_rows(index)
-        block = self.blocks[prefix]
-        if not isinstance(last, slice):
-            return self.view(block[self._slot(prefix, last)].copy())
-        start = self._slot(prefix, last.start)
-        return self.view(block[start:start + last.stop - last.start].copy())
-
-    def _read_rows(self, index: tuple) -> Any:
-        prefix, last = index[:-1], index[-1]
-        axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in prefix]
-        sizes = tuple(len(a) for a in axes if isinstance(a, range))
-        rows = [self.read((*p, last)) for p in itertools.product(*axes)]
-        return self.view(np.stack([np.asarray(r) for r in rows]).reshape(sizes + tuple(np.shape(rows[0]))))
+    def _rows(self, prefix: tuple[int, ...], last: int | slice) -> np.ndarray:
+        return super()._rows(prefix, last).copy()  # a ring's rows are overwritten later
 
     def _release_if_done(self, prefix: tuple[int, ...]) -> None:
         super()._release_if_done(prefix)
