@@ -24,7 +24,7 @@ from tempo_llm.cli import decode  # noqa: E402 - after the path fix for running 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="decode")
 def main(cfg: DictConfig) -> None:
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    logging.getLogger("jax").setLevel(logging.WARNING)  # Hydra logs INFO: "no TPU", cache resets
     try:
         decode(OmegaConf.to_container(cfg.llm, resolve=True))
     except (ValueError, OSError) as e:

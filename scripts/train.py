@@ -1,6 +1,6 @@
 """Train an RL agent from the command line (Hydra; configs in conf/).
 
-    python scripts/train.py                                  # n-step A2C on CartPole-v1
+    python scripts/train.py                                  # PPO on CartPole-v1
     python scripts/train.py algorithm=reinforce seed=3
     python scripts/train.py -m seed=0,1 algorithm.learning_rate=1e-3,3e-4
 
@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tempo.errors import TempoError  # noqa: E402 - after the path fix for running from a checkout
+from tempo.runtime.backends import describe_backend  # noqa: E402
 from tempo_rl.metrics import TrainingDiverged  # noqa: E402
 from tempo_rl.options import ConfigError  # noqa: E402
 from tempo_rl.run_dir import RunDirError  # noqa: E402
@@ -29,10 +30,11 @@ from tempo_rl.train import train  # noqa: E402
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" at INFO
+    logging.getLogger("jax").setLevel(logging.WARNING)  # Hydra logs INFO: "no TPU", cache resets
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
+        print(describe_backend(str(cfg.backend)))
         result = train(plain, out_dir, progress=bool(cfg.progress))
     except (ConfigError, TempoError, RunDirError, TrainingDiverged) as e:
         sys.exit(f"error: {e}")  # a message, not a traceback: exit status 1

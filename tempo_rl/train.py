@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 import tempo as tp
+from tempo import cache
 from tempo_rl import checkpoints, run_dir
 from tempo_rl.algorithms import algorithm, import_algorithm_module
 from tempo_rl.envs import NormalizedObservations, make_env
@@ -133,12 +134,14 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
         # Sinks see the whole run's iteration numbers (the origin): i + first here.
         when = i == I - 1 if every <= 0 else ((i + first + 1) % every == 0) | (i == I - 1)
         checkpoints.save_sink(program, env, cfg, target, when, keep=bool(cfg.get("keep_checkpoints")))
+    if cfg.get("cache_dir") is not None:
+        cache.set_cache_dir(cfg["cache_dir"])
     start = time.perf_counter()
     passes = cfg.get("passes")
-    exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "numpy"),
+    exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "auto"),
                       passes=None if passes is None else list(passes),
                       memory=tp.MemoryPolicy(**cfg.get("memory", {})),
-                      loops=tp.LoopPolicy(str(cfg.get("loops") or "timed")))
+                      loops=tp.LoopPolicy(str(cfg.get("loops") or "lowered")))
     compiled = time.perf_counter()
     logger.memory = lambda: exe.stats
     if cfg.get("compile_report"):

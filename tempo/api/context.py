@@ -111,15 +111,16 @@ class Context:
         self.graph.add_edge(Edge(merge, k, value.op, value.out, phi, cond))
 
     def compile(self, bounds: dict[Symbol, int], outputs: Sequence[RecurrentTensor] = (),
-                backend: str = "jax", passes: Collection[str] | None = None,
+                backend: str = "auto", passes: Collection[str] | None = None,
                 memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None) -> Executable:
-        """Check, optimize and schedule the program for concrete ``bounds``; ``backend`` is
-        "jax" or "numpy"; ``passes`` names the optimization passes to run (all by default,
-        ``()`` for none); ``memory`` is where stored points wait (``tp.MemoryPolicy``; by
-        default on the device); ``loops`` how innermost loops of device ops run on JAX
-        (``tp.LoopPolicy``: by default timed, then one ``lax.scan`` or the interpreter,
-        whichever was faster). ``run()`` on the result returns the value of every point of
-        ``outputs``; ``report`` on it says where compile time went."""
+        """Check, optimize and schedule the program for concrete ``bounds``.
+
+        ``backend`` is "jax", "numpy" or "auto" (JAX wherever it imports); ``passes`` names
+        the optimization passes to run (all by default, ``()`` for none); ``memory`` is where
+        stored points wait (``tp.MemoryPolicy``; by default on the device); ``loops`` how
+        loops of device ops run on JAX (``tp.LoopPolicy``: by default one ``lax.scan`` each
+        wherever the loop allows it). ``run()`` on the result returns the value of every
+        point of ``outputs``; ``report`` on it says where compile time went."""
         from tempo.runtime.executable import compile_program
         return compile_program(self, bounds, list(outputs), backend=backend, passes=passes,
                                memory=memory, loops=loops)

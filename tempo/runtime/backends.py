@@ -118,6 +118,9 @@ class JaxBackend:
     def __init__(self) -> None:
         import jax
         import jax.numpy as jnp
+
+        from tempo.cache import enable_jax_cache
+        enable_jax_cache()  # XLA's programs kept between runs, with isl's schedules
         self.jax, self.jnp = jax, jnp
         self._on_cpu = jax.default_backend() == "cpu"
         self.xp = XlaNamespace(jax, jnp, self._on_cpu)
@@ -289,8 +292,32 @@ def _freeze(kind: str, params: dict) -> tuple | None:
 BACKENDS: dict[str, Callable[[], Any]] = {"numpy": NumpyBackend, "jax": JaxBackend}
 
 
-def make_backend(name: str) -> Any:
-    try:
-        return BACKENDS[name]()
-    except KeyError:
-        raise TempoError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}") from None
+def resolve_backend(name: str) -> str:
+    """The backend ``name`` stands for: ``"auto"`` is JAX (on its default device: the
+    accelerator when there is one) wherever JAX imports, else NumPy."""
+    if name == "auto":
+        try:
+            import jax  # noqa: F401 - only whether it imports
+        except ImportError:
+            return "numpy"
+        return "jax"
+    if name not in BACKENDS:
+        raise TempoError(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}")
+    return name
+
+
+def make_backend(name: str) -> Backend:
+    """The backend ``name`` (``auto``, ``numpy`` or ``jax``; see ``resolve_backend``)."""
+    return BACKENDS[resolve_backend(name)]()
+
+
+def describe_backend(name: str) -> str:
+    """One line for a run's first output: the backend ``name`` resolves to and its device."""
+    chosen = resolve_backend(name)
+    if chosen == "numpy":
+        where = "host CPU" + (" (JAX is not installed)" if name == "auto" else "")
+    else:
+        import jax
+        device = jax.devices()[0]
+        where = f"{device.platform} device {device.device_kind!r}, {jax.device_count()} device(s)"
+    return f"backend: {chosen}{' (auto)' if name == 'auto' else ''} on {where}"

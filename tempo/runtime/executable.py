@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tempo import cache
 from tempo.errors import MemoryBudgetError, StopRun, TempoError, UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes, program_roots
 from tempo.ir.ops import param_symbols, resolve_params
@@ -210,14 +211,14 @@ class Executable:
 
 
 def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
-                    backend: str = "jax", passes: Collection[str] | None = None,
+                    backend: str = "auto", passes: Collection[str] | None = None,
                     memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None) -> Executable:
     """Check, optimize, schedule and prepare ``ctx``'s program for concrete ``bounds``.
 
     ``passes`` names the pipeline passes to run (``tempo.passes.PIPELINE``; all when None,
     none when empty); ``memory`` says where stored points wait (default: the device);
-    ``loops`` how innermost loops of device ops run on JAX (default: the faster of one
-    ``lax.scan`` and the interpreter, timed on the first entries)."""
+    ``loops`` how loops of device ops run on JAX (default: one ``lax.scan`` each
+    wherever the loop allows it; ``tp.LoopPolicy``)."""
     report = CompileReport()
     clock = time.perf_counter()
 
@@ -282,6 +283,9 @@ class _Job:
                 schedule = build_schedule(optimized, self.bounds, ctx.bound_of, self.roots, self.kept,
                                           state.needed, donors)
                 report.notes.extend(state.notes)  # only the notes of the program that runs
+                if schedule.from_cache:
+                    report.notes.append(f"schedule: isl's schedule from the compile cache "
+                                        f"({cache.cache_dir()})")
                 if donors:
                     report.notes.append(_donation_note(schedule))
                 break

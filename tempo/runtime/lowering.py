@@ -22,17 +22,19 @@ reads do not fit (slices of values made in the loop, older values than the lates
 the scan does not compile, the loop is interpreted from then on (in the executable's
 later runs too), and ``LoopChoice.fallbacks`` says why.
 
-``LoopPolicy.mode`` chooses per loop: ``"timed"`` (the default) interprets the first three
-entries and runs the next three lowered, timing the last two of each (the first ones
-compile kernels, the scan and the stacking of its inputs; the faster of two timings
-counts, so that one disturbed entry does not decide), and keeps the faster form from then
-on (entries of later runs of the executable count too: a nest entered once per run is
-timed over its first six runs);
-``"lowered"`` and ``"interpreted"`` force a form. Both forms run the same kernels, but
-XLA may fuse them differently inside a scan, so results can differ in the last bits
-between the forms (PPO on gymnax CartPole: losses equal to 1e-7). ``timed`` lowers a loop
-only when that is clearly faster (``margin``), so close calls do not flip between runs;
-force a form where runs must be bitwise reproducible on JAX.
+``LoopPolicy.mode`` chooses per loop: ``"lowered"`` (the default) runs every loop that
+allows it as one scan from its first entry (a decision that depends only on the program
+and its sizes, so that two runs, or a run and its resumption, run the same kernels the same
+way); ``"timed"`` interprets the first three entries and runs the next three lowered,
+timing the last two of each (the first ones compile kernels, the scan and the stacking of
+its inputs; the faster of two timings counts, so that one disturbed entry does not
+decide), and keeps the faster form from then on (entries of later runs of the executable
+count too: a nest entered once per run is timed over its first six runs);
+``"interpreted"`` never lowers. Both forms run the same kernels, but XLA may fuse them
+differently inside a scan, so results can differ in the last bits between the forms (PPO
+on gymnax CartPole: losses equal to 1e-7): ``timed`` lowers a loop only when that is
+clearly faster (``margin``), but which form a close call gets can differ between runs, so
+its runs are not bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -66,10 +68,11 @@ TIMED_ENTRIES = 2
 class LoopPolicy:
     """How loops and loop nests of device ops run on the JAX backend."""
 
-    mode: str = "timed"
-    """``timed``: time both forms on the loop's first six entries (three each, the first of
-    each compiles) and keep the lowered form if it was clearly faster;
-    ``lowered``: always one ``lax.scan`` where the loop allows it; ``interpreted``: never."""
+    mode: str = "lowered"
+    """``lowered``: one ``lax.scan`` wherever the loop allows it (the same in every run);
+    ``timed``: time both forms on the loop's first six entries (three each, the first of
+    each compiles) and keep the lowered form if it was clearly faster; ``interpreted``:
+    never."""
     min_trips: int = 4
     """Entries with fewer iterations than this are interpreted (a scan would not pay)."""
     nests: bool = True

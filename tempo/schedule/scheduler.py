@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from tempo import cache
 from tempo.errors import UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.schedule import ast
@@ -34,6 +35,9 @@ from tempo.schedule.polyhedral import (
 from tempo.schedule.tree import schedule_tree
 from tempo.symbolic.expr import FALSE, TRUE, Expr, Symbol
 from tempo.symbolic.isl_bridge import from_isl_ast_expr
+
+SCHEDULE_ENTRY = "isl-schedules"
+"""The compile cache's kind of entry for isl's schedules (``tempo.cache``)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class Schedule:
     """For the edges asked about (``build_schedule``'s ``donors``): where, over the sink's
     domain, the edge's read is the last use of the point it reads (nothing reads that point
     later, nor at the same time), so the sink may take the point's memory over."""
+    from_cache: bool = False
+    """isl's schedule came from the compile cache (``tempo.cache``), not isl's scheduler."""
 
     def pseudo_code(self) -> str:
         """The loop program, with op names: what the executor runs."""
@@ -106,7 +112,7 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
         poly_needed, poly_reads = needed, poly.all_reads()
     live_reads = {e: r.intersect_domain(poly_needed) for e, r in poly_reads.items()}
     statements = {name: Statement("exec", op) for name, op in poly.statements.items()}
-    schedule = _schedule(poly, poly_needed, live_reads)
+    schedule, from_cache = _schedule(poly, poly_needed, live_reads)
     if schedule is None:
         concrete = Polyhedral(graph, bounds, bound_of)
         check_acyclic_points(concrete, needed, concrete.all_reads())
@@ -130,7 +136,7 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     last_reads = {edge: _last_read_condition(poly, edge, live_reads[edge], theta, uses[_key(edge)],
                                              lasts[_key(edge)], poly_needed)
                   for edge in donors if _key(edge) in lasts}
-    return Schedule(root, statements, schedule, last_reads=last_reads)
+    return Schedule(root, statements, schedule, last_reads=last_reads, from_cache=from_cache)
 
 
 def _key(edge: Edge) -> tuple[int, int]:
@@ -159,11 +165,11 @@ def _free_statements(graph: SDG, lasts: dict[tuple[int, int], isl.UnionMap]
 
 
 def _schedule(poly: Polyhedral, needed: isl.UnionSet,
-              reads: dict[Edge, isl.UnionMap]) -> isl.Schedule | None:
+              reads: dict[Edge, isl.UnionMap]) -> tuple[isl.Schedule | None, bool]:
     """isl's execution schedule. Validity: every source point before the sink points that
     read it. Proximity: each sink point close to the latest point it reads (proximity to a
     whole window would keep isl from fusing a producer with its window readers), away from
-    the bounds (see ``_steady``)."""
+    the bounds (see ``_steady``). Also whether it came from the compile cache."""
     validity = proximity = poly.union_map("{ }")
     for rel in reads.values():
         if rel.is_empty():
@@ -173,9 +179,27 @@ def _schedule(poly: Polyhedral, needed: isl.UnionSet,
     try:
         sc = isl.ScheduleConstraints.on_domain(needed).set_context(poly.context()) \
             .set_validity(validity).set_proximity(proximity)
-        return sc.compute_schedule()
     except isl.Error:
-        return None
+        return None, False
+    return _cached_schedule(sc)
+
+
+def _cached_schedule(sc: isl.ScheduleConstraints) -> tuple[isl.Schedule | None, bool]:
+    """isl's schedule for ``sc``: from the compile cache (``tempo.cache``) when an earlier
+    run computed it, else computed and kept there; and whether it came from the cache."""
+    key = str(sc)
+    text = cache.load(SCHEDULE_ENTRY, key)
+    if text is not None:
+        try:
+            return isl.Schedule.read_from_str(ISL, text), True
+        except isl.Error:
+            pass  # a damaged entry: computed again and rewritten
+    try:
+        schedule = sc.compute_schedule()
+    except isl.Error:
+        return None, False
+    cache.store(SCHEDULE_ENTRY, key, str(schedule))
+    return schedule, False
 
 
 def _steady(latest: isl.UnionMap) -> isl.UnionMap:

@@ -68,20 +68,20 @@ class NormalizedObservations:
         self.initial = {"mean": constant(ctx, np.zeros(shape, np.float32)),
                         "var": constant(ctx, np.ones(shape, np.float32)),
                         "count": constant(ctx, np.asarray(INITIAL_COUNT, np.float32))}
-        stats = {name: tp.placeholder(shape=value.shape, dtype="float32", domain=(i, t))
-                 for name, value in self.initial.items()}
+        # The statistics before each step: the initial ones (a checkpoint's, when resuming),
+        # then those after the previous step. The update is one expression over every
+        # (i, t), so a resumed run computes its first step with the same kernel as the run
+        # it continues (on JAX, two expressions could fuse and round differently).
+        before = {name: tp.placeholder(shape=value.shape, dtype="float32", domain=(i, t))
+                  for name, value in self.initial.items()}
         every = obs[0:ctx.bound_of[b], i, t]  # the step's observations of every env
         batch_mean = every.mean(0)
-        batch = (batch_mean, ((every - batch_mean) ** 2).mean(0), float(self.env.num_envs))
-        first = _combined(self.initial, batch)
-        for name, value in first.items():
-            stats[name][0, 0] = value[0, 0] if value.domain else value
-        carried = _combined({k: v[i, T - 1] for k, v in stats.items()}, _at(batch, i + 1, 0))
-        for name, value in carried.items():
-            stats[name][i + 1, 0] = value
-        stepped = _combined(stats, _at(batch, i, t + 1))
-        for name, value in stepped.items():
-            stats[name][i, t + 1] = value
+        stats = _combined(before, (batch_mean, ((every - batch_mean) ** 2).mean(0),
+                                   float(self.env.num_envs)))
+        for name, value in self.initial.items():
+            before[name][0, 0] = value
+            before[name][i + 1, 0] = stats[name][i, T - 1]
+            before[name][i, t + 1] = stats[name][i, t]
         return stats
 
     @property
@@ -100,11 +100,6 @@ class NormalizedObservations:
                              f"it was written by a run without env.normalize_obs")
         for name, const in self.initial.items():
             replace_constant(const, values[STATE_PREFIX + name], STATE_PREFIX + name)
-
-
-def _at(batch: tuple, *index: Any) -> tuple:
-    """The batch statistics (RTs over ``(i, t)``, and a count) read at ``index``."""
-    return tuple(b[index] if isinstance(b, RecurrentTensor) else b for b in batch)
 
 
 def _combined(stats: dict[str, Any], batch: tuple) -> dict[str, RecurrentTensor]:

@@ -27,7 +27,8 @@ def test_an_algorithm_registered_outside_the_package_trains_and_evaluates(tmp_pa
                            f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("td0 on CartPole-v1")
+    first, summary = done.stdout.splitlines()[:2]
+    assert first.startswith("backend: ") and summary.startswith("td0 on CartPole-v1"), done.stdout
     saved = checkpoint.load(tmp_path / "checkpoints" / "last.npz")
     assert saved[checkpoint.POINT_KEY][0] == 4  # 320 steps / (32 x 2) = 5 iterations
     assert all(np.all(np.isfinite(v)) for k, v in saved.items() if k.startswith("param"))

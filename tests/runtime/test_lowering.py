@@ -56,8 +56,7 @@ def test_translated_entries_reuse_the_plan():
 
 def test_timed_policy_measures_both_forms_then_keeps_one():
     ctx, bounds, outputs = _recurrences(entries=8)
-    exe = ctx.compile(bounds, outputs, backend="jax")  # timed is the default
-    assert exe.loops.mode == "timed"
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("timed"))
     _check(exe, ctx, bounds, outputs)
     # The t loop is entered once per i (8 times): three entries per form, the last two
     # timed, then the chosen form.
@@ -68,7 +67,7 @@ def test_timed_policy_measures_both_forms_then_keeps_one():
         assert choice.form == ("lowered" if faster else "interpreted")
         assert "per iteration" in str(choice)
     ctx, bounds, outputs = _recurrences(entries=5)  # the second lowered timing is missing
-    exe = ctx.compile(bounds, outputs, backend="jax")
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("timed"))
     _check(exe, ctx, bounds, outputs)
     timed = [c for c in exe.loop_choices.values() if c.interpreted is not None]
     assert timed and all(c.lowered is not None and c.form is None for c in timed)

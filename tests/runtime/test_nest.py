@@ -162,7 +162,7 @@ def test_timed_policy_decides_a_nest_entered_once_per_run_over_runs():
     """The nest is entered once per run: the launcher keeps its timings across runs, so
     the sixth run's entry decides."""
     ctx, bounds, outputs = _recurrence_in_recurrence()
-    exe = ctx.compile(bounds, outputs, backend="jax")
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("timed"))
     nest_choice = next(c for c in exe.loop_choices.values() if c.depth == 2)
     for _ in range(5):
         exe.run()

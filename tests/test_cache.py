@@ -1,0 +1,104 @@
+"""The compile cache (``tempo.cache``): a second compile of a program reuses isl's schedule
+and XLA's programs, gives the same values, and survives damaged or missing entries."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo import cache
+from tempo.schedule.scheduler import SCHEDULE_ENTRY
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    """A fresh cache directory for one test; the session's afterwards."""
+    cache.set_cache_dir(tmp_path / "cache")
+    yield tmp_path / "cache"
+    cache.set_cache_dir(os.environ.get(cache.ENV))
+    cache.enable_jax_cache()
+
+
+def _program(length: int = 40):
+    """``s[t] = 0.5 s[t-1] + x[t]`` and ``g[t] = sum_{k>=t} 0.9^(k-t) x[k]``."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    xs = np.linspace(-1.0, 1.0, length).astype(np.float32)
+    with ctx:
+        x = tp.const(xs)[t]
+        s = tp.placeholder(shape=(), dtype="float32", domain=(t,))
+        s[0] = x[0]
+        s[t + 1] = s * 0.5 + x[t + 1]
+        g = x[t:T].discounted_sum(0.9)
+    expected_s = np.zeros(length)
+    for k in range(length):
+        expected_s[k] = xs[k] + (0.5 * expected_s[k - 1] if k else 0.0)
+    expected_g = np.array([sum(0.9 ** (k - n) * xs[k] for k in range(n, length)) for n in range(length)])
+    return ctx, {T: length}, [s, g], [expected_s, expected_g]
+
+
+def _compile_and_check(backend: str):
+    ctx, bounds, outputs, expected = _program()
+    exe = ctx.compile(bounds, outputs, backend=backend)
+    res = exe.run()
+    for rt, want in zip(outputs, expected):
+        np.testing.assert_allclose(res[rt], want, rtol=1e-5, atol=1e-5)
+    return exe
+
+
+def _entries(root: Path) -> list[Path]:
+    return sorted((root / SCHEDULE_ENTRY).glob("*.txt"))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_second_compile_reuses_the_schedule(cache_dir, backend):
+    first = _compile_and_check(backend)
+    assert not any("compile cache" in n for n in first.report.notes)
+    assert len(_entries(cache_dir)) == 1
+    second = _compile_and_check(backend)
+    assert any("isl's schedule from the compile cache" in n for n in second.report.notes)
+    assert second.schedule.isl_schedule.get_map().is_equal(first.schedule.isl_schedule.get_map())
+
+
+def test_a_damaged_entry_is_computed_again_and_rewritten(cache_dir):
+    _compile_and_check("numpy")
+    (entry,) = _entries(cache_dir)
+    entry.write_text("{ domain: this is not isl")
+    again = _compile_and_check("numpy")
+    assert not any("compile cache" in n for n in again.report.notes)
+    assert entry.read_text().startswith("{ domain: \"")  # rewritten with the real schedule
+    assert any("compile cache" in n for n in _compile_and_check("numpy").report.notes)
+
+
+def test_off_writes_nothing(tmp_path):
+    cache.set_cache_dir("off")
+    try:
+        assert cache.cache_dir() is None
+        _compile_and_check("numpy")
+        _compile_and_check("numpy")
+    finally:
+        cache.set_cache_dir(os.environ.get(cache.ENV))
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_environment_variable_chooses_the_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "mine"))
+    assert cache.default_cache_dir() == tmp_path / "mine"
+    monkeypatch.setenv(cache.ENV, "off")
+    assert cache.default_cache_dir() is None
+    monkeypatch.delenv(cache.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.default_cache_dir() == tmp_path / "xdg" / "tempo"
+
+
+def test_xla_programs_go_to_the_cache_directory(cache_dir):
+    import jax
+    import jax.numpy as jnp
+
+    assert cache.enable_jax_cache() == cache_dir / "jax"
+    assert jax.config.jax_compilation_cache_dir == str(cache_dir / "jax")
+    # a program this process has not compiled before: JAX writes it
+    jax.jit(lambda v: jnp.cos(v) * 3.25 + 0.125)(jnp.arange(7.0)).block_until_ready()
+    assert list((cache_dir / "jax").iterdir())
