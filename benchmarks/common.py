@@ -114,6 +114,11 @@ class Measurement:
     iteration_s: list[float]
     episode_returns: list[float]
     note: str = ""
+    setup_s: float | None = None
+    """From the start of the system's training function to its first iteration: env,
+    parameters, tracing and compiling."""
+    episodes: list[int] = field(default_factory=list)
+    """Episodes finished in each iteration (``episode_returns`` in order)."""
 
 
 def score(env: EnvSettings, steps_per_iteration: int, returns: list[float], last: bool = True) -> float:

@@ -74,7 +74,7 @@ class MemoryCell:
     """All iterations, the warm-up ones included."""
     warmup: int = 1
     learning_rate: float = LEARNING_RATE
-    loops: str = "timed"
+    loops: str = "lowered"
     """Tempo's ``loops`` config key (how its JAX backend runs loops)."""
     seed: int = 0
 
@@ -264,8 +264,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--learning-rate", type=float, default=LEARNING_RATE,
                    help=f"both systems' learning rate (default {LEARNING_RATE})")
-    p.add_argument("--loops", default="timed", choices=["timed", "lowered", "interpreted"],
-                   help="Tempo's loops config key (default timed)")
+    p.add_argument("--loops", default="lowered", choices=["timed", "lowered", "interpreted"],
+                   help="Tempo's loops config key (default lowered, as the training config)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (default 900)")
     p.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
     p.add_argument("--check", action="store_true",

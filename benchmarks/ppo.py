@@ -4,6 +4,7 @@ and a PureJaxRL-style fully-jitted JAX PPO, same hyperparameters, same env dynam
     python benchmarks/ppo.py                       # every env and config (~20 min on 2 cores)
     python benchmarks/ppo.py --config small --env synthetic --iterations 1
     python benchmarks/ppo.py --check               # do the baselines learn? (a few iterations)
+    python benchmarks/ppo.py --time-to 475         # wall time to a mean return of 475 (gymnax)
 
 Each (system, env, config) runs in a fresh subprocess, which reports its compile time, the
 time of each iteration and its peak RSS; the tables give the median time per iteration after
@@ -53,7 +54,12 @@ DEFAULT_ITERATIONS = {"small": 3, "paper": 2}
 """Measured iterations per config (after the warm-up ones) when --iterations is not given."""
 SYNTHETIC_OBS_SHAPE = (3, 4, 4)
 SYSTEMS = ("tempo-numpy", "tempo-jax", "torch", "jax")
-TEMPO = ("tempo-numpy", "tempo-jax")
+TEMPO = ("tempo-numpy", "tempo-jax", "tempo")
+"""Tempo's rows: a backend forced, or (``tempo``) the default config's own (``auto``)."""
+TIME_TO_SYSTEMS = ("tempo", "jax")
+TIME_TO_SEEDS = (0, 1, 2)
+TIME_TO_WINDOW = 20
+"""``--time-to``: the mean return of the last this many episodes must reach the target."""
 ENV_IMPLS = {
     "synthetic": {"tempo-numpy": ["synthetic"], "tempo-jax": ["synthetic"], "torch": ["synthetic"],
                   "jax": ["synthetic"]},
@@ -93,7 +99,8 @@ def worker(spec: str) -> None:
             raise
         return {"compile_s": m.compile_s, "iteration_s": m.iteration_s, "note": m.note,
                 "score_first": score(cell.env, cell.steps_per_iteration, m.episode_returns, last=False),
-                "score_last": score(cell.env, cell.steps_per_iteration, m.episode_returns)}
+                "score_last": score(cell.env, cell.steps_per_iteration, m.episode_returns),
+                "setup_s": m.setup_s, "episodes": m.episodes, "returns": m.episode_returns}
     report_result(run)
 
 
@@ -236,9 +243,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="all", choices=[*ENV_IMPLS, "all"])
     p.add_argument("--iterations", type=int, default=None,
                    help=f"measured iterations per cell (default per config: {DEFAULT_ITERATIONS})")
-    p.add_argument("--warmup", type=int, default=6,
-                   help="warm-up iterations before them (default 6: Tempo's JAX backend runs three "
-                        "iterations with its loops interpreted and three lowered before it keeps a form)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="warm-up iterations before them (default 3: Tempo's JAX backend compiles its "
+                        "kernels and scans in the first, and makes some loops' plans in the second)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of " + ", ".join(SYSTEMS))
     p.add_argument("--ablation", default="default", choices=["default", "all", "none"],
                    help="where to run the pass ablation: default: the synthetic env at the first "
@@ -247,6 +254,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true",
                    help="only check that every system learns the synthetic env (small config)")
     p.add_argument("--check-iterations", type=int, default=6)
+    p.add_argument("--time-to", type=float, default=None, metavar="RETURN",
+                   help="only measure the wall time to this mean return on gymnax CartPole (e.g. 475), "
+                        "Tempo's default config against the JAX PPO, seeds 0-2")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per cell (default 1200)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -277,6 +287,70 @@ def check(args: argparse.Namespace) -> int:
             print(f"  {system:12s} {cell.impl:10s} {verdict}", flush=True)
     print("check passed" if not failures else f"check FAILED for {failures} system(s)")
     return 1 if failures else 0
+
+
+def default_gymnax_cell(system: str, seed: int) -> Cell:
+    """PPO with the default training config (``python scripts/train.py``: 8 envs x 64 steps,
+    256k env steps) on gymnax's CartPole-v1, run whole."""
+    from benchmarks.tempo_runner import base_config
+    cfg = base_config("gymnax")
+    ppo = PPOSettings.from_config(cfg)
+    env = EnvSettings("cartpole", int(cfg["env"]["num_envs"]), (4,), 2, 500)
+    iterations = int(cfg["total_timesteps"]) // (env.num_envs * ppo.num_steps)
+    return Cell(system, "gymnax", "default", env, ppo, 0, iterations, seed=seed, label=system, tempo_cfg=cfg)
+
+
+def seconds_to(target: float, out: dict[str, Any]) -> tuple[float, int] | None:
+    """Wall time from the start of training (setup and compile included) to the end of the
+    first iteration after which the last ``TIME_TO_WINDOW`` episodes average ``target`` or
+    more, and that iteration; None if the run never got there."""
+    elapsed, seen = out["setup_s"], 0
+    returns = out["returns"]
+    for k, (seconds, finished) in enumerate(zip(out["iteration_s"], out["episodes"])):
+        elapsed += seconds
+        seen += finished
+        last = returns[max(0, seen - TIME_TO_WINDOW):seen]
+        if len(last) == TIME_TO_WINDOW and sum(last) / TIME_TO_WINDOW >= target:
+            return elapsed, k
+    return None
+
+
+def time_to(args: argparse.Namespace) -> int:
+    """Wall time to a mean return of ``args.time_to`` on gymnax CartPole, Tempo (default
+    config) against the jitted JAX PPO, same hyperparameters, seeds 0-2."""
+    headers = ["system", "seed", "setup + compile s", "s to target", "iteration", "env steps",
+               "jax / tempo"]
+    body, reached = [], {}
+    for seed in TIME_TO_SEEDS:
+        for system in TIME_TO_SYSTEMS:
+            cell = default_gymnax_cell(system, seed)
+            print(f"... time to {args.time_to:g}: {system}, seed {seed}", file=sys.stderr, flush=True)
+            out = run_worker(Path(__file__).resolve(), json.dumps(cell.to_json()), args.timeout, ROOT)
+            if out.get("error"):
+                body.append([system, str(seed), out["error"]] + [""] * (len(headers) - 3))
+                continue
+            hit = seconds_to(args.time_to, out)
+            reached[system, seed] = hit[0] if hit else None
+            body.append([system, str(seed), fmt(out["setup_s"]), fmt(hit[0]) if hit else "not reached",
+                         str(hit[1]) if hit else "—",
+                         f"{(hit[1] + 1) * cell.steps_per_iteration:,}" if hit else "—",
+                         ratio(reached.get(("jax", seed)), reached.get(("tempo", seed)))
+                         if system == "jax" else ""])
+    cell = default_gymnax_cell("tempo", 0)
+    title = (f"Time to a mean return of {args.time_to:g} (last {TIME_TO_WINDOW} episodes), PPO on gymnax "
+             f"CartPole-v1, default config: {cell.env.num_envs} envs x {cell.ppo.num_steps} steps, "
+             f"{cell.iterations} iterations at most")
+    notes = ["s to target: from the start of the system's training function (env, parameters, "
+             "tracing, compiling) to the end of the iteration that reached the target; process "
+             "start-up and imports excluded for both. jax / tempo above 1x: Tempo got there first.",
+             "tempo: the default config (backend auto: JAX on this machine); jax: "
+             "benchmarks/baselines/jax_ppo.py, one jax.jit per iteration."]
+    table = render(title, headers, body, notes, False, text_columns=1)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(render(title, headers, body, notes, True, text_columns=1))
+        print(f"wrote {args.markdown}")
+    return 0
 
 
 def ablation_variants() -> list[tuple[str, tuple[str, ...]]]:
@@ -313,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.check:
         return check(args)
+    if args.time_to is not None:
+        return time_to(args)
     started = time.perf_counter()
     configs = list(CONFIGS) if args.config == "all" else [args.config]
     envs = list(ENV_IMPLS) if args.env == "all" else [args.env]

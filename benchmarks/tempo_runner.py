@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ def config_for(cell: Cell) -> dict[str, Any]:
         cfg["env"]["obs_shape"] = list(cell.env.obs_shape)
     cfg["algorithm"]["num_steps"] = cell.ppo.num_steps
     cfg["total_timesteps"] = cell.total_iterations * cell.steps_per_iteration
-    cfg["backend"] = cell.system.removeprefix("tempo-")
+    if cell.system != "tempo":  # "tempo": the config's own backend (auto)
+        cfg["backend"] = cell.system.removeprefix("tempo-")
     cfg["passes"] = None if cell.passes is None else list(cell.passes)
     cfg["seed"], cfg["progress"], cfg["checkpoint_every"] = cell.seed, False, 0
     cfg["logger"] = {**cfg.get("logger", {}), "wandb": {"enabled": False}}
@@ -40,8 +42,12 @@ def run(cell: Cell) -> Measurement:
     from tempo_rl.train import train
 
     with tempfile.TemporaryDirectory(prefix="tempo-bench-") as out:
+        start = time.perf_counter()
         result = train(config_for(cell), Path(out), progress=False)
+        total = time.perf_counter() - start
     # The logger's SPS is one iteration's steps over the time since the previous iteration's
     # metrics (the first: since the run started).
     times = [cell.steps_per_iteration / row["charts/SPS"] for row in result.history]
-    return Measurement(result.compile_seconds, times, list(result.episode_returns))
+    return Measurement(result.compile_seconds, times, list(result.episode_returns),
+                       setup_s=total - result.run_seconds,
+                       episodes=[int(row["charts/episodes"]) for row in result.history])

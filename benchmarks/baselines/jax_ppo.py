@@ -196,6 +196,7 @@ def make_iteration(hp: PPOSettings, spec: EnvSettings, env: JaxEnv,
 
 def run(cell: Cell) -> Measurement:
     """AOT-compile the iteration, then run ``cell.total_iterations`` of them; time each one."""
+    began = time.perf_counter()
     hp, spec = cell.ppo, cell.env
     if cell.impl == "synthetic":
         env = synthetic_env(spec)
@@ -225,6 +226,7 @@ def run(cell: Cell) -> Measurement:
     start = time.perf_counter()
     step = jax.jit(make_iteration(hp, spec, env, optimizer)).lower(runner).compile()
     compile_s = time.perf_counter() - start
+    setup_s = time.perf_counter() - began
     times: list[float] = []
     episodes = []
     for _ in range(total):
@@ -234,6 +236,9 @@ def run(cell: Cell) -> Measurement:
         times.append(time.perf_counter() - start)
         episodes.append(ends)
     returns: list[float] = []
+    finished: list[int] = []
     for running, done in episodes:  # (T, N) each, in step order
-        returns.extend(np.asarray(running)[np.asarray(done) > 0].tolist())
-    return Measurement(compile_s, times, returns)
+        ended = np.asarray(running)[np.asarray(done) > 0].tolist()
+        returns.extend(ended)
+        finished.append(len(ended))
+    return Measurement(compile_s, times, returns, setup_s=setup_s, episodes=finished)
