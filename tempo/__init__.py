@@ -30,9 +30,8 @@ from tempo.errors import (
     UnschedulableError,
     UnsupportedExpressionError,
 )
-from tempo.runtime.lowering import LoopPolicy
+from tempo.options import LoopPolicy, MemoryPolicy
 from tempo.runtime.profile import RunProfile
-from tempo.schedule.memory import MemoryPolicy
 from tempo.symbolic.expr import Slice, Symbol
 
 __all__ = [

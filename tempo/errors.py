@@ -91,3 +91,16 @@ class StopRun(Exception):  # noqa: N818 - control flow, not an error
 class CheckpointError(TempoError):
     """A checkpoint file that cannot be read: missing, damaged, not a checkpoint, or
     holding anything but numeric arrays (pickled objects are never loaded)."""
+
+
+class GradientError(TempoError):
+    """A gradient was asked for that cannot be computed (through a UDF, of an int)."""
+
+
+class GraphError(TempoError):
+    """The SDG breaks one of its invariants (a bug in Tempo or in a pass, not user input)."""
+
+
+class Unlowerable(Exception):  # noqa: N818 - control flow inside the runtime, never raised to users
+    """A loop entry's reads do not fit a scan (``tempo.runtime.plan``); the message says
+    why, and the loop runs interpreted instead."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tempo.errors import TempoError, UnsupportedExpressionError, user_site
+from tempo.errors import GradientError, TempoError, UnsupportedExpressionError, user_site
 from tempo.ir.graph import Edge, Op
 from tempo.ir.readers import ReaderSum
 from tempo.ir.types import Shape
@@ -41,10 +41,6 @@ if TYPE_CHECKING:
     from tempo.api.tensor import RecurrentTensor
 
 VJP = Callable[..., list]
-
-
-class GradientError(TempoError):
-    """A gradient was asked for that cannot be computed (through a UDF, of an int)."""
 
 
 def backward(loss: RecurrentTensor) -> None:

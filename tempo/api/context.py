@@ -12,9 +12,8 @@ from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Symbol
 
 if TYPE_CHECKING:
     from tempo.api.tensor import RecurrentTensor
+    from tempo.options import LoopPolicy, MemoryPolicy
     from tempo.runtime.executable import Executable
-    from tempo.runtime.lowering import LoopPolicy
-    from tempo.schedule.memory import MemoryPolicy
 
 _ACTIVE: list[Context] = []
 
@@ -121,7 +120,7 @@ class Context:
         loops of device ops run on JAX (``tp.LoopPolicy``: by default one ``lax.scan`` each
         wherever the loop allows it). ``run()`` on the result returns the value of every
         point of ``outputs``; ``report`` on it says where compile time went."""
-        from tempo.runtime.executable import compile_program
+        from tempo.compiler import compile_program  # the driver sits above the API
         return compile_program(self, bounds, list(outputs), backend=backend, passes=passes,
                                memory=memory, loops=loops)
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from tempo.errors import BoundsError, DomainError, TempoError, UndefinedPointError
+from tempo.errors import BoundsError, DomainError, GraphError, TempoError, UndefinedPointError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.types import TensorType
 from tempo.symbolic.expr import TRUE, Slice, Symbol
@@ -67,10 +67,6 @@ def check_placeholders(graph: SDG, ops: Iterable | None = None) -> None:
         if op.kind == "merge" and not graph.in_edges(op):
             raise UndefinedPointError(f"placeholder {op.name} has no branch: assign it with "
                                       f"y[...] = value", op.site)
-
-
-class GraphError(TempoError):
-    """The SDG breaks one of its invariants (a bug in Tempo or in a pass, not user input)."""
 
 
 def check_graph(graph: SDG, bound_of: dict[Symbol, Symbol]) -> None:

@@ -1,4 +1,4 @@
-"""Compiling a program to an executable, and running it.
+"""Running a scheduled program (``tempo.compiler`` makes it).
 
 The schedule's AST becomes generated Python source (one function, loops and calls), so
 index expressions are compiled once and the executor's inner loop is plain Python. Each
@@ -10,44 +10,52 @@ from __future__ import annotations
 
 import itertools
 import sys
-import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection
+from typing import Any, Protocol
 
 import numpy as np
 
-from tempo import cache
-from tempo.errors import MemoryBudgetError, StopRun, TempoError, UnschedulableError
-from tempo.ir.graph import SDG, Edge, Op, has_static_shapes, program_roots
+from tempo.errors import StopRun, TempoError
+from tempo.ir.graph import SDG, Edge, Op, has_static_shapes
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
-from tempo.ir.validate import check_graph, check_parallel, check_placeholders, resolve_bounds
-from tempo.passes import PIPELINE, PassState, run_pipeline
-from tempo.runtime.backends import Backend, make_backend
+from tempo.options import LoopPolicy, MemoryPolicy
+from tempo.runtime.backends import Backend
 from tempo.runtime.footprint import Footprint, predict
-from tempo.runtime.lowering import LoopChoice, LoopLauncher, LoopPolicy, Lowerable, lower_loops
+from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore, WindowStore
 from tempo.schedule import ast
-from tempo.schedule.memory import (
-    SCHEDULES,
-    SMALLEST,
-    SMALLEST_SLACK,
-    MemoryPolicy,
-    donation_candidates,
-    point_bytes,
-    swapped_ops,
-)
-from tempo.schedule.scheduler import Schedule, Statement, analyze_points, build_schedule
-from tempo.symbolic.expr import FALSE, TRUE, Expr, Slice, Symbol, compile_function
-
-if TYPE_CHECKING:
-    from tempo.api.context import Context
-    from tempo.api.tensor import RecurrentTensor
+from tempo.schedule.memory import point_bytes, swapped_ops
+from tempo.schedule.scheduler import Schedule, Statement
+from tempo.symbolic.expr import FALSE, Expr, Slice, Symbol, compile_function
 
 Launcher = Callable[[tuple[int, ...]], None]
+
+
+class ProgramDims(Protocol):
+    """What the runtime needs of a program's context (``tempo.Context`` is one): its dims,
+    outermost first, each dim's bound symbol, and the parallel dims laid out."""
+
+    @property
+    def dims(self) -> tuple[Symbol, ...]: ...
+    @property
+    def bound_of(self) -> dict[Symbol, Symbol]: ...
+    @property
+    def parallel(self) -> tuple[Symbol, ...]: ...
+
+
+class Output(Protocol):
+    """An output of a program (``tempo.RecurrentTensor`` is one): the op output it names
+    (``key``: op id and output index), that op and the output's domain."""
+
+    @property
+    def key(self) -> tuple[int, int]: ...
+    @property
+    def op(self) -> Op: ...
+    @property
+    def domain(self) -> tuple[Symbol, ...]: ...
 
 
 class Results:
@@ -58,7 +66,7 @@ class Results:
         self.stopped_at = stopped_at
         """Where ``tp.stop_when`` ended the run (``{dim: value}``), or None."""
 
-    def __getitem__(self, rt: RecurrentTensor) -> np.ndarray:
+    def __getitem__(self, rt: Output) -> np.ndarray:
         try:
             return self._values[rt.key]
         except KeyError:
@@ -69,35 +77,16 @@ class Results:
         return len(self._values)
 
 
-@dataclass
-class CompileReport:
-    """Time spent in each compile stage (seconds), the SDG's size (ops) after each stage
-    that changes it, and what the passes did."""
-
-    stages: dict[str, float] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def total(self) -> float:
-        return sum(self.stages.values())
-
-    def __str__(self) -> str:
-        lines = [f"{k:<12} {v * 1000:9.1f} ms" + (f"   {self.sizes[k]} ops" if k in self.sizes else "")
-                 for k, v in self.stages.items()]
-        return "\n".join([*lines, f"{'total':<12} {self.total * 1000:9.1f} ms", *self.notes])
-
-
 class Executable:
     """A scheduled program for fixed bounds. ``run()`` executes it from scratch."""
 
-    def __init__(self, ctx: Context, graph: SDG, bounds: dict[Symbol, int],
-                 outputs: list[RecurrentTensor], schedule: Schedule, backend: Backend,
-                 report: CompileReport, memory: MemoryPolicy | None = None,
-                 loops: LoopPolicy | None = None):
+    def __init__(self, ctx: ProgramDims, graph: SDG, bounds: dict[Symbol, int],
+                 outputs: list[Output], schedule: Schedule, backend: Backend,
+                 memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None):
         self.ctx, self.graph, self.bounds = ctx, graph, bounds
         self.outputs, self.schedule, self.backend = outputs, schedule, backend
-        self.report = report
+        self.report: Any = None
+        """Where compile time went (``tempo.compiler.CompileReport``; the compiler sets it)."""
         self.stats = MemoryStats()
         self.memory = memory or MemoryPolicy()
         self.swapped = swapped_ops(graph, schedule, self.memory,
@@ -184,7 +173,7 @@ class Executable:
         self._interpreted({name: recorder(s) for name, s in self.schedule.statements.items()})
         return trace
 
-    def _gather(self, rt: RecurrentTensor, stores: dict, stopped: dict[str, int] | None = None) -> np.ndarray:
+    def _gather(self, rt: Output, stores: dict, stopped: dict[str, int] | None = None) -> np.ndarray:
         store = stores[rt.key]
         sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]
         domain = self.graph.ops[rt.op.id].domain
@@ -210,203 +199,6 @@ class Executable:
         return np.stack(values).reshape((*sizes, *values[0].shape))
 
 
-def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
-                    backend: str = "auto", passes: Collection[str] | None = None,
-                    memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None) -> Executable:
-    """Check, optimize, schedule and prepare ``ctx``'s program for concrete ``bounds``.
-
-    ``passes`` names the pipeline passes to run (``tempo.passes.PIPELINE``; all when None,
-    none when empty); ``memory`` says where stored points wait (default: the device);
-    ``loops`` how loops of device ops run on JAX (default: one ``lax.scan`` each
-    wherever the loop allows it; ``tp.LoopPolicy``)."""
-    report = CompileReport()
-    clock = time.perf_counter()
-
-    def stage(name: str, graph: SDG | None = None) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        report.stages[name] = now - clock
-        if graph is not None:
-            report.sizes[name] = len(graph)
-        clock = now
-
-    outputs = list(outputs)
-    _check_outputs(ctx, outputs)
-    roots = program_roots(ctx.graph, [rt.op for rt in outputs])
-    graph = ctx.graph.reachable_from(roots)
-    values = resolve_bounds(graph, ctx.bound_of, bounds)
-    check_graph(graph, ctx.bound_of)
-    check_parallel(graph, ctx.parallel)
-    check_placeholders(graph)
-    runtime = make_backend(backend)
-    for op in graph.ops.values():
-        runtime.check_dtype(op)
-    stage("check", graph)
-    needed = analyze_points(graph, values, ctx.bound_of, roots)
-    stage("points")
-    kept = {rt.op.id for rt in outputs}
-    policy = memory or MemoryPolicy()
-    job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, stage)
-    if policy.budget_mb is not None:
-        return _within_budget(job, passes, report, policy.budget_mb)
-    if policy.schedule == SMALLEST:
-        return _smallest(job, passes, report)
-    return job.compile(_passes_of(policy.schedule, passes), report)
-
-
-@dataclass
-class _Job:
-    """A checked program, its needed points and what to compile it with."""
-
-    ctx: Context
-    graph: SDG
-    bounds: dict[Symbol, int]
-    outputs: list[RecurrentTensor]
-    roots: list[Op]
-    kept: set[int]
-    needed: Any
-    runtime: Any
-    policy: MemoryPolicy
-    loops: LoopPolicy | None
-    stage: Callable[..., None]
-
-    def compile(self, passes: Collection[str] | None, report: CompileReport) -> Executable:
-        """Optimize with ``passes`` (all when None), schedule and prepare the program."""
-        ctx, runtime, policy, stage = self.ctx, self.runtime, self.policy, self.stage
-        for enabled in _pipelines_to_try(passes):
-            state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
-                              next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel)
-            optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
-            try:
-                donors = donation_candidates(optimized, self.bounds, self.kept, policy.donate_min_bytes) \
-                    if runtime.name == "jax" and policy.donate else []
-                schedule = build_schedule(optimized, self.bounds, ctx.bound_of, self.roots, self.kept,
-                                          state.needed, donors)
-                report.notes.extend(state.notes)  # only the notes of the program that runs
-                if schedule.from_cache:
-                    report.notes.append(f"schedule: isl's schedule from the compile cache "
-                                        f"({cache.cache_dir()})")
-                if donors:
-                    report.notes.append(_donation_note(schedule))
-                break
-            except UnschedulableError as err:
-                if not enabled:
-                    raise
-                # The passes keep dependences acyclic by construction; should a program defeat
-                # them, it is scheduled without vectorization (the pass that changes the most),
-                # and failing that unoptimized, which is still correct.
-                report.notes.append(f"passes undone ({', '.join(enabled)}), the optimized program "
-                                    f"had no schedule: {err}")
-        stage("schedule")
-        exe = Executable(ctx, optimized, self.bounds, self.outputs, schedule, runtime, report, policy,
-                         self.loops)
-        stage("codegen")
-        return exe
-
-
-@dataclass
-class _Candidate:
-    """A schedule compiled for comparison, with its report and predicted peak (MiB)."""
-
-    schedule: str
-    exe: Executable
-    report: CompileReport
-    peak_mb: float
-
-
-def _candidates(job: _Job, passes: Collection[str] | None) -> Iterator[_Candidate]:
-    """Each schedule of ``SCHEDULES`` (fastest first), compiled, with its predicted peak of
-    stored points (device and host)."""
-    for schedule in SCHEDULES:
-        attempt = CompileReport()
-        exe = job.compile(_passes_of(schedule, passes), attempt)
-        footprint = exe.predicted_footprint()
-        yield _Candidate(schedule, exe, attempt, (footprint.device.peak + footprint.host.peak) / 2**20)
-
-
-def _chosen(candidate: _Candidate, report: CompileReport, why: str, peaks: dict[str, float]) -> Executable:
-    """``candidate``'s executable, with its compile report merged into ``report`` and a note
-    saying why it was chosen."""
-    report.stages.update(candidate.report.stages)
-    report.sizes.update(candidate.report.sizes)
-    report.notes.extend([*candidate.report.notes, f"memory: the {candidate.schedule} schedule, {why} "
-                         f"(predicted: {_peaks_text(peaks)})"])
-    candidate.exe.report = report
-    return candidate.exe
-
-
-def _within_budget(job: _Job, passes: Collection[str] | None, report: CompileReport,
-                   budget_mb: float) -> Executable:
-    """The first schedule of ``SCHEDULES`` (fastest first) whose predicted peak of stored
-    points fits ``budget_mb``; the report says which and why."""
-    peaks: dict[str, float] = {}
-    for candidate in _candidates(job, passes):
-        peaks[candidate.schedule] = candidate.peak_mb
-        if candidate.peak_mb <= budget_mb:
-            return _chosen(candidate, report, "the fastest whose predicted peak of stored points fits "
-                           f"memory.budget_mb={budget_mb:g}", peaks)
-    smallest = min(peaks, key=peaks.__getitem__)
-    raise MemoryBudgetError(f"no schedule fits memory.budget_mb={budget_mb:g}: the predicted peaks of "
-                            f"stored points are {_peaks_text(peaks)}; the smallest is {smallest} "
-                            f"{peaks[smallest]:.1f} MiB")
-
-
-def _smallest(job: _Job, passes: Collection[str] | None, report: CompileReport) -> Executable:
-    """The schedule with the smallest predicted peak of stored points; a faster one within
-    ``SMALLEST_SLACK`` of it is kept instead."""
-    candidates = list(_candidates(job, passes))
-    least = min(c.peak_mb for c in candidates)
-    chosen = next(c for c in candidates if c.peak_mb <= least * SMALLEST_SLACK)
-    peaks = {c.schedule: c.peak_mb for c in candidates}
-    return _chosen(chosen, report, f"memory.schedule={SMALLEST}: the fastest predicted within "
-                   f"{SMALLEST_SLACK - 1:.0%} of the smallest peak of stored points", peaks)
-
-
-def _peaks_text(peaks: dict[str, float]) -> str:
-    return ", ".join(f"{schedule} {mb:.1f} MiB" for schedule, mb in peaks.items())
-
-
-def _passes_of(schedule: str, passes: Collection[str] | None) -> Collection[str] | None:
-    """The passes (all when None) that compile ``schedule``: the incremental one without
-    vectorization of the innermost dim."""
-    if schedule != "incremental":
-        return passes
-    return [name for name, _ in PIPELINE if (passes is None or name in passes) and name != "vectorize"]
-
-
-def _donation_note(schedule: Schedule) -> str:
-    donating = {e: c for e, c in schedule.last_reads.items() if c is not FALSE}
-    kernels = {e.sink.id for e in donating}
-    always = sum(c is TRUE for c in donating.values())
-    return (f"donation: {len(donating)} inputs of {len(kernels)} kernels donated where read last "
-            f"({always} at every point)")
-
-
-def _pipelines_to_try(passes: Collection[str] | None) -> list[list[str]]:
-    """The passes to compile with, then (should the program not schedule) the same without
-    vectorization, then none."""
-    enabled = [name for name, _ in PIPELINE] if passes is None else list(passes)
-    attempts = [enabled]
-    without = [name for name in enabled if name != "vectorize"]
-    if without != enabled and without:
-        attempts.append(without)
-    return [*attempts, []] if enabled else [[]]
-
-
-def _check_outputs(ctx: Context, outputs: list[RecurrentTensor]) -> None:
-    """Outputs are RTs of this context with one spatial shape at every point."""
-    for rt in outputs:
-        if not hasattr(rt, "key") or not hasattr(rt, "ctx"):
-            raise TempoError(f"outputs must be recurrent tensors, got {rt!r}")
-        if rt.ctx is not ctx:
-            raise TempoError(f"output {rt!r} belongs to another context", rt.op.site)
-        varying = [d for d in rt.shape if d.symbols() & set(ctx.dims)]
-        if varying:
-            raise TempoError(f"output {rt!r} has a shape that varies with the point "
-                             f"({', '.join(map(str, varying))}); outputs are stacked into one "
-                             f"array, so reduce it or read it through tp.sink", rt.op.site)
-
-
 # ---- code generation ----------------------------------------------------------------------
 def _program_source(root: ast.Node, statements: Collection[str]) -> str:
     def call(stmt: ast.Stmt) -> str:
@@ -428,7 +220,7 @@ def _compile_source(source: str) -> Callable[[dict], None]:
     return namespace["program"]
 
 
-def _checked_origin(ctx: Context, origin: dict[Symbol, int]) -> dict[Symbol, int]:
+def _checked_origin(ctx: ProgramDims, origin: dict[Symbol, int]) -> dict[Symbol, int]:
     """``origin`` as a shift of every dim and bound symbol (0 where not given)."""
     for dim, start in origin.items():
         if dim not in ctx.bound_of:
@@ -499,7 +291,7 @@ def _window_widths(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     return widths
 
 
-def _until(rt: RecurrentTensor, sizes: list[int], stopped: dict[str, int], store: Any,
+def _until(rt: Output, sizes: list[int], stopped: dict[str, int], store: Any,
            stored_domain: tuple[Symbol, ...]) -> list[int]:
     """``rt``'s sizes when the run stopped at ``stopped``: its points up to the stop along
     the stop's last dim, each of which must have been computed."""

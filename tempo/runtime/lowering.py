@@ -46,10 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tempo.errors import Unlowerable
 from tempo.ir.graph import SDG, Op, has_static_shapes
 from tempo.ir.ops import param_symbols, resolve_params
+from tempo.options import LoopPolicy
 from tempo.runtime import nest
-from tempo.runtime.plan import LoopPlanner, Plan, Slot, Unlowerable, point_op, tuples
+from tempo.runtime.plan import LoopPlanner, Plan, Slot, point_op, tuples
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Symbol
@@ -57,45 +59,10 @@ from tempo.symbolic.expr import Symbol
 if TYPE_CHECKING:
     from tempo.runtime.backends import JaxBackend
 
-MODES = ("timed", "lowered", "interpreted")
 WARM_ENTRIES = 1
 """Entries of each form ``timed`` runs before timing that form (they compile)."""
 TIMED_ENTRIES = 2
 """Entries of each form ``timed`` times; the fastest counts."""
-
-
-@dataclass(frozen=True)
-class LoopPolicy:
-    """How loops and loop nests of device ops run on the JAX backend."""
-
-    mode: str = "lowered"
-    """``lowered``: one ``lax.scan`` wherever the loop allows it (the same in every run);
-    ``timed``: time both forms on the loop's first six entries (three each, the first of
-    each compiles) and keep the lowered form if it was clearly faster; ``interpreted``:
-    never."""
-    min_trips: int = 4
-    """Entries with fewer iterations than this are interpreted (a scan would not pay)."""
-    nests: bool = True
-    """Lower a whole loop nest (flattened into one scan, ``tempo.runtime.nest``) where its
-    loops allow it; its interpreted form still runs its inner loop in that loop's own
-    form. False: innermost loops only."""
-    margin: float = 0.1
-    """``timed`` keeps the lowered form only when it is at least this much faster (a
-    share of the interpreted time): close calls, which timing noise could decide either
-    way from one run to the next, stay interpreted. (Timings of the same entry vary by
-    about 5% between runs on a 2-core CPU; PPO's update loop at the paper's size measures
-    25% faster lowered, which a margin of 20% left to chance.)"""
-
-    max_stacked_mb: float = 64.0
-    """A loop whose outputs, stacked over its iterations, would hold more than this (MiB)
-    stays interpreted, writing each iteration's values to their stores as it goes: a
-    scan holds its stacked outputs whole, and XLA copies them besides (n-step's acting
-    loop over 3x64x64 observations at T=1000, lowered: 1.62 GB peak RSS against 0.87 GB
-    interpreted, for 10% less time per iteration)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown loop mode {self.mode!r}; choose one of {', '.join(MODES)}")
 
 
 @dataclass

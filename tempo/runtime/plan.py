@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tempo.errors import Unlowerable
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.runtime.backends import Backend
 from tempo.runtime.nest import Nest, Space
@@ -113,10 +114,6 @@ class Plan:
     def signature(self) -> tuple:
         return (self.slots, self.carries, self.masked, self.exported, self.sparse, self.finals,
                 len(self.branches), self.trips, self.runs)
-
-
-class Unlowerable(Exception):
-    """This entry's reads do not fit a scan; the message says why."""
 
 
 STORED, IN_BODY, IN_CARRY = 1, 2, 4

@@ -25,61 +25,16 @@ it selects under a second name until its branch's point is freed).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes
 from tempo.ir.ops import param_symbols
 from tempo.ir.types import TensorType
+from tempo.options import MemoryPolicy
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Schedule
 from tempo.symbolic.expr import Symbol
-
-SCHEDULES = ("vectorized", "incremental")
-"""The schedules a memory policy chooses from, fastest first."""
-SMALLEST = "smallest"
-"""``MemoryPolicy.schedule``: whichever of ``SCHEDULES`` is predicted to need the least."""
-SMALLEST_SLACK = 1.05
-"""``smallest`` keeps a faster schedule predicted within this factor of the smallest peak."""
-
-
-@dataclass(frozen=True)
-class MemoryPolicy:
-    """Where stored points wait between production and use (``conf/memory/*.yaml``)."""
-
-    swap: bool = False
-    """Keep points that outlive the loop producing them in host memory (JAX backend)."""
-    swap_min_bytes: int = 1 << 20
-    """Only tensors at least this large (bytes per point) are swapped."""
-    donate: bool = True
-    """Let a kernel reuse the buffer of an input it reads last (JAX backend)."""
-    donate_min_bytes: int = 1 << 18
-    """Only inputs at least this large are donated. Below it XLA's allocator is as fast as
-    reuse and the check costs more than it saves (``benchmarks/donation.py``, 2-core CPU:
-    a recurrent state of 16K floats steps 8% slower donated, 64K floats (256 KiB) 6%
-    faster, 256K floats 2.6x faster)."""
-    schedule: str = "vectorized"
-    """Which schedule to compile: ``vectorized`` (the innermost dim laid out where it can
-    be: fast, and a rollout's per-step values wait for the learner), ``incremental``
-    (no vectorization of the innermost dim: work that can trail acting does, with
-    gradients accumulated step by step; memory bounded where the program allows it) or
-    ``smallest`` (both compiled, the one with the smaller predicted peak of stored points
-    kept; the faster one unless the other is more than 5% smaller)."""
-    budget_mb: float | None = None
-    """When given, the fastest schedule (vectorized, else incremental) whose predicted
-    peak of stored points (device and host, ``Executable.predicted_footprint``) fits;
-    ``schedule`` is then ignored."""
-
-    def __post_init__(self) -> None:
-        for name in ("swap_min_bytes", "donate_min_bytes"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.schedule not in (*SCHEDULES, SMALLEST):
-            raise ValueError(f"schedule must be one of {', '.join((*SCHEDULES, SMALLEST))}, "
-                             f"got {self.schedule!r}")
-        if self.budget_mb is not None and not self.budget_mb > 0:
-            raise ValueError(f"budget_mb must be a positive number of MiB, got {self.budget_mb}")
 
 
 def swapped_ops(graph: SDG, schedule: Schedule, policy: MemoryPolicy,

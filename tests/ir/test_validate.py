@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import tempo as tp
+from tempo.errors import GraphError
 from tempo.ir.graph import Edge
 from tempo.ir.types import TensorType
-from tempo.ir.validate import GraphError, check_graph, resolve_bounds
+from tempo.ir.validate import check_graph, resolve_bounds
 
 
 def _program():

@@ -232,17 +232,17 @@ def test_a_cycle_through_an_op_without_t_is_not_stacked(window):
 def test_a_program_that_does_not_schedule_vectorized_is_compiled_without_it(monkeypatch):
     """Should isl find no schedule for the vectorized program, compilation retries without
     vectorization (keeping the other passes) before giving up every pass."""
-    import tempo.runtime.executable as executable
+    import tempo.compiler as compiler
     from tempo.errors import UnschedulableError
 
-    real, calls = executable.build_schedule, []
+    real, calls = compiler.build_schedule, []
 
     def failing_first(*args, **kwargs):
         calls.append(args[0])
         if len(calls) == 1:
             raise UnschedulableError("no schedule (simulated)")
         return real(*args, **kwargs)
-    monkeypatch.setattr(executable, "build_schedule", failing_first)
+    monkeypatch.setattr(compiler, "build_schedule", failing_first)
     ctx, (i, t), (I, T) = _context()
     with ctx:
         s = _rollout(ctx)

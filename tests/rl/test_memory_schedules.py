@@ -11,8 +11,8 @@ import pytest
 
 import tempo as tp
 from tempo.errors import MemoryBudgetError
+from tempo.options import SCHEDULES, MemoryPolicy
 from tempo.reference import evaluate
-from tempo.schedule.memory import SCHEDULES, MemoryPolicy
 from tempo_rl.algorithms import algorithm
 from tempo_rl.algorithms.common import TrainProgram
 from tempo_rl.config import load_config as config

@@ -1,0 +1,249 @@
+"""The compiler driver: an RT program -> checks -> passes -> schedule -> an executable.
+
+``compile_program`` (what ``Context.compile`` calls) checks the program's graph, finds the
+points it needs, runs the pass pipeline (``tempo.passes.PIPELINE``), schedules the result
+with isl (``tempo.schedule``), and hands the schedule to the runtime
+(``tempo.runtime.Executable``), with a ``CompileReport`` of where the time went. Under a
+memory policy it compiles several schedules and keeps one (``MemoryPolicy.schedule``,
+``budget_mb``). This module sits above both the API and the runtime: the runtime only
+executes, and knows nothing of contexts or recurrent tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tempo import cache
+from tempo.errors import MemoryBudgetError, TempoError, UnschedulableError
+from tempo.ir.graph import SDG, Op, program_roots
+from tempo.ir.validate import check_graph, check_parallel, check_placeholders, resolve_bounds
+from tempo.options import SCHEDULES, SMALLEST, SMALLEST_SLACK, LoopPolicy, MemoryPolicy
+from tempo.passes import PIPELINE, PassState, run_pipeline
+from tempo.runtime.backends import make_backend
+from tempo.runtime.executable import Executable
+from tempo.schedule.memory import donation_candidates
+from tempo.schedule.scheduler import Schedule, analyze_points, build_schedule
+from tempo.symbolic.expr import FALSE, TRUE, Symbol
+
+if TYPE_CHECKING:
+    from tempo.api.context import Context
+    from tempo.api.tensor import RecurrentTensor
+
+
+@dataclass
+class CompileReport:
+    """Time spent in each compile stage (seconds), the SDG's size (ops) after each stage
+    that changes it, and what the passes did."""
+
+    stages: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(self.stages.values())
+
+    def __str__(self) -> str:
+        lines = [f"{k:<12} {v * 1000:9.1f} ms" + (f"   {self.sizes[k]} ops" if k in self.sizes else "")
+                 for k, v in self.stages.items()]
+        return "\n".join([*lines, f"{'total':<12} {self.total * 1000:9.1f} ms", *self.notes])
+
+
+def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
+                    backend: str = "auto", passes: Collection[str] | None = None,
+                    memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None) -> Executable:
+    """Check, optimize, schedule and prepare ``ctx``'s program for concrete ``bounds``.
+
+    ``passes`` names the pipeline passes to run (``tempo.passes.PIPELINE``; all when None,
+    none when empty); ``memory`` says where stored points wait (default: the device);
+    ``loops`` how loops of device ops run on JAX (default: one ``lax.scan`` each
+    wherever the loop allows it; ``tp.LoopPolicy``)."""
+    report = CompileReport()
+    clock = time.perf_counter()
+
+    def stage(name: str, graph: SDG | None = None) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        report.stages[name] = now - clock
+        if graph is not None:
+            report.sizes[name] = len(graph)
+        clock = now
+
+    outputs = list(outputs)
+    _check_outputs(ctx, outputs)
+    roots = program_roots(ctx.graph, [rt.op for rt in outputs])
+    graph = ctx.graph.reachable_from(roots)
+    values = resolve_bounds(graph, ctx.bound_of, bounds)
+    check_graph(graph, ctx.bound_of)
+    check_parallel(graph, ctx.parallel)
+    check_placeholders(graph)
+    runtime = make_backend(backend)
+    for op in graph.ops.values():
+        runtime.check_dtype(op)
+    stage("check", graph)
+    needed = analyze_points(graph, values, ctx.bound_of, roots)
+    stage("points")
+    kept = {rt.op.id for rt in outputs}
+    policy = memory or MemoryPolicy()
+    job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, stage)
+    if policy.budget_mb is not None:
+        return _within_budget(job, passes, report, policy.budget_mb)
+    if policy.schedule == SMALLEST:
+        return _smallest(job, passes, report)
+    return job.compile(_passes_of(policy.schedule, passes), report)
+
+
+@dataclass
+class _Job:
+    """A checked program, its needed points and what to compile it with."""
+
+    ctx: Context
+    graph: SDG
+    bounds: dict[Symbol, int]
+    outputs: list[RecurrentTensor]
+    roots: list[Op]
+    kept: set[int]
+    needed: Any
+    runtime: Any
+    policy: MemoryPolicy
+    loops: LoopPolicy | None
+    stage: Callable[..., None]
+
+    def compile(self, passes: Collection[str] | None, report: CompileReport) -> Executable:
+        """Optimize with ``passes`` (all when None), schedule and prepare the program."""
+        ctx, runtime, policy, stage = self.ctx, self.runtime, self.policy, self.stage
+        for enabled in _pipelines_to_try(passes):
+            state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
+                              next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel)
+            optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
+            try:
+                donors = donation_candidates(optimized, self.bounds, self.kept, policy.donate_min_bytes) \
+                    if runtime.name == "jax" and policy.donate else []
+                schedule = build_schedule(optimized, self.bounds, ctx.bound_of, self.roots, self.kept,
+                                          state.needed, donors)
+                report.notes.extend(state.notes)  # only the notes of the program that runs
+                if schedule.from_cache:
+                    report.notes.append(f"schedule: isl's schedule from the compile cache "
+                                        f"({cache.cache_dir()})")
+                if donors:
+                    report.notes.append(_donation_note(schedule))
+                break
+            except UnschedulableError as err:
+                if not enabled:
+                    raise
+                # The passes keep dependences acyclic by construction; should a program defeat
+                # them, it is scheduled without vectorization (the pass that changes the most),
+                # and failing that unoptimized, which is still correct.
+                report.notes.append(f"passes undone ({', '.join(enabled)}), the optimized program "
+                                    f"had no schedule: {err}")
+        stage("schedule")
+        exe = Executable(ctx, optimized, self.bounds, self.outputs, schedule, runtime, policy, self.loops)
+        exe.report = report
+        stage("codegen")
+        return exe
+
+
+@dataclass
+class _Candidate:
+    """A schedule compiled for comparison, with its report and predicted peak (MiB)."""
+
+    schedule: str
+    exe: Executable
+    report: CompileReport
+    peak_mb: float
+
+
+def _candidates(job: _Job, passes: Collection[str] | None) -> Iterator[_Candidate]:
+    """Each schedule of ``SCHEDULES`` (fastest first), compiled, with its predicted peak of
+    stored points (device and host)."""
+    for schedule in SCHEDULES:
+        attempt = CompileReport()
+        exe = job.compile(_passes_of(schedule, passes), attempt)
+        footprint = exe.predicted_footprint()
+        yield _Candidate(schedule, exe, attempt, (footprint.device.peak + footprint.host.peak) / 2**20)
+
+
+def _chosen(candidate: _Candidate, report: CompileReport, why: str, peaks: dict[str, float]) -> Executable:
+    """``candidate``'s executable, with its compile report merged into ``report`` and a note
+    saying why it was chosen."""
+    report.stages.update(candidate.report.stages)
+    report.sizes.update(candidate.report.sizes)
+    report.notes.extend([*candidate.report.notes, f"memory: the {candidate.schedule} schedule, {why} "
+                         f"(predicted: {_peaks_text(peaks)})"])
+    candidate.exe.report = report
+    return candidate.exe
+
+
+def _within_budget(job: _Job, passes: Collection[str] | None, report: CompileReport,
+                   budget_mb: float) -> Executable:
+    """The first schedule of ``SCHEDULES`` (fastest first) whose predicted peak of stored
+    points fits ``budget_mb``; the report says which and why."""
+    peaks: dict[str, float] = {}
+    for candidate in _candidates(job, passes):
+        peaks[candidate.schedule] = candidate.peak_mb
+        if candidate.peak_mb <= budget_mb:
+            return _chosen(candidate, report, "the fastest whose predicted peak of stored points fits "
+                           f"memory.budget_mb={budget_mb:g}", peaks)
+    smallest = min(peaks, key=peaks.__getitem__)
+    raise MemoryBudgetError(f"no schedule fits memory.budget_mb={budget_mb:g}: the predicted peaks of "
+                            f"stored points are {_peaks_text(peaks)}; the smallest is {smallest} "
+                            f"{peaks[smallest]:.1f} MiB")
+
+
+def _smallest(job: _Job, passes: Collection[str] | None, report: CompileReport) -> Executable:
+    """The schedule with the smallest predicted peak of stored points; a faster one within
+    ``SMALLEST_SLACK`` of it is kept instead."""
+    candidates = list(_candidates(job, passes))
+    least = min(c.peak_mb for c in candidates)
+    chosen = next(c for c in candidates if c.peak_mb <= least * SMALLEST_SLACK)
+    peaks = {c.schedule: c.peak_mb for c in candidates}
+    return _chosen(chosen, report, f"memory.schedule={SMALLEST}: the fastest predicted within "
+                   f"{SMALLEST_SLACK - 1:.0%} of the smallest peak of stored points", peaks)
+
+
+def _peaks_text(peaks: dict[str, float]) -> str:
+    return ", ".join(f"{schedule} {mb:.1f} MiB" for schedule, mb in peaks.items())
+
+
+def _passes_of(schedule: str, passes: Collection[str] | None) -> Collection[str] | None:
+    """The passes (all when None) that compile ``schedule``: the incremental one without
+    vectorization of the innermost dim."""
+    if schedule != "incremental":
+        return passes
+    return [name for name, _ in PIPELINE if (passes is None or name in passes) and name != "vectorize"]
+
+
+def _donation_note(schedule: Schedule) -> str:
+    donating = {e: c for e, c in schedule.last_reads.items() if c is not FALSE}
+    kernels = {e.sink.id for e in donating}
+    always = sum(c is TRUE for c in donating.values())
+    return (f"donation: {len(donating)} inputs of {len(kernels)} kernels donated where read last "
+            f"({always} at every point)")
+
+
+def _pipelines_to_try(passes: Collection[str] | None) -> list[list[str]]:
+    """The passes to compile with, then (should the program not schedule) the same without
+    vectorization, then none."""
+    enabled = [name for name, _ in PIPELINE] if passes is None else list(passes)
+    attempts = [enabled]
+    without = [name for name in enabled if name != "vectorize"]
+    if without != enabled and without:
+        attempts.append(without)
+    return [*attempts, []] if enabled else [[]]
+
+
+def _check_outputs(ctx: Context, outputs: list[RecurrentTensor]) -> None:
+    """Outputs are RTs of this context with one spatial shape at every point."""
+    for rt in outputs:
+        if not hasattr(rt, "key") or not hasattr(rt, "ctx"):
+            raise TempoError(f"outputs must be recurrent tensors, got {rt!r}")
+        if rt.ctx is not ctx:
+            raise TempoError(f"output {rt!r} belongs to another context", rt.op.site)
+        varying = [d for d in rt.shape if d.symbols() & set(ctx.dims)]
+        if varying:
+            raise TempoError(f"output {rt!r} has a shape that varies with the point "
+                             f"({', '.join(map(str, varying))}); outputs are stacked into one "
+                             f"array, so reduce it or read it through tp.sink", rt.op.site)

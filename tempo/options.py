@@ -1,0 +1,91 @@
+"""User-facing policies: how a program is compiled and run, separate from what it computes.
+
+``MemoryPolicy``: which schedule to compile and where stored points wait
+(``tempo.schedule.memory``, ``tempo.compiler``); ``LoopPolicy``: how loops of device ops
+run on JAX (``tempo.runtime.lowering``). Both are frozen dataclasses that check their
+fields when made, so a bad value fails where the user wrote it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULES = ("vectorized", "incremental")
+"""The schedules a memory policy chooses from, fastest first."""
+SMALLEST = "smallest"
+"""``MemoryPolicy.schedule``: whichever of ``SCHEDULES`` is predicted to need the least."""
+SMALLEST_SLACK = 1.05
+"""``smallest`` keeps a faster schedule predicted within this factor of the smallest peak."""
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """Where stored points wait between production and use (``conf/memory/*.yaml``)."""
+
+    swap: bool = False
+    """Keep points that outlive the loop producing them in host memory (JAX backend)."""
+    swap_min_bytes: int = 1 << 20
+    """Only tensors at least this large (bytes per point) are swapped."""
+    donate: bool = True
+    """Let a kernel reuse the buffer of an input it reads last (JAX backend)."""
+    donate_min_bytes: int = 1 << 18
+    """Only inputs at least this large are donated. Below it XLA's allocator is as fast as
+    reuse and the check costs more than it saves (``benchmarks/donation.py``, 2-core CPU:
+    a recurrent state of 16K floats steps 8% slower donated, 64K floats (256 KiB) 6%
+    faster, 256K floats 2.6x faster)."""
+    schedule: str = "vectorized"
+    """Which schedule to compile: ``vectorized`` (the innermost dim laid out where it can
+    be: fast, and a rollout's per-step values wait for the learner), ``incremental``
+    (no vectorization of the innermost dim: work that can trail acting does, with
+    gradients accumulated step by step; memory bounded where the program allows it) or
+    ``smallest`` (both compiled, the one with the smaller predicted peak of stored points
+    kept; the faster one unless the other is more than 5% smaller)."""
+    budget_mb: float | None = None
+    """When given, the fastest schedule (vectorized, else incremental) whose predicted
+    peak of stored points (device and host, ``Executable.predicted_footprint``) fits;
+    ``schedule`` is then ignored."""
+
+    def __post_init__(self) -> None:
+        for name in ("swap_min_bytes", "donate_min_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.schedule not in (*SCHEDULES, SMALLEST):
+            raise ValueError(f"schedule must be one of {', '.join((*SCHEDULES, SMALLEST))}, "
+                             f"got {self.schedule!r}")
+        if self.budget_mb is not None and not self.budget_mb > 0:
+            raise ValueError(f"budget_mb must be a positive number of MiB, got {self.budget_mb}")
+
+
+MODES = ("timed", "lowered", "interpreted")
+@dataclass(frozen=True)
+class LoopPolicy:
+    """How loops and loop nests of device ops run on the JAX backend."""
+
+    mode: str = "lowered"
+    """``lowered``: one ``lax.scan`` wherever the loop allows it (the same in every run);
+    ``timed``: time both forms on the loop's first six entries (three each, the first of
+    each compiles) and keep the lowered form if it was clearly faster; ``interpreted``:
+    never."""
+    min_trips: int = 4
+    """Entries with fewer iterations than this are interpreted (a scan would not pay)."""
+    nests: bool = True
+    """Lower a whole loop nest (flattened into one scan, ``tempo.runtime.nest``) where its
+    loops allow it; its interpreted form still runs its inner loop in that loop's own
+    form. False: innermost loops only."""
+    margin: float = 0.1
+    """``timed`` keeps the lowered form only when it is at least this much faster (a
+    share of the interpreted time): close calls, which timing noise could decide either
+    way from one run to the next, stay interpreted. (Timings of the same entry vary by
+    about 5% between runs on a 2-core CPU; PPO's update loop at the paper's size measures
+    25% faster lowered, which a margin of 20% left to chance.)"""
+
+    max_stacked_mb: float = 64.0
+    """A loop whose outputs, stacked over its iterations, would hold more than this (MiB)
+    stays interpreted, writing each iteration's values to their stores as it goes: a
+    scan holds its stacked outputs whole, and XLA copies them besides (n-step's acting
+    loop over 3x64x64 observations at T=1000, lowered: 1.62 GB peak RSS against 0.87 GB
+    interpreted, for 10% less time per iteration)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown loop mode {self.mode!r}; choose one of {', '.join(MODES)}")
