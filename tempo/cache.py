@@ -8,7 +8,9 @@ run of the same program then skips isl's scheduler and XLA's compiler.
 
 The directory is ``$TEMPO_CACHE_DIR`` when set (``off`` turns the cache off), else
 ``$XDG_CACHE_HOME/tempo`` or ``~/.cache/tempo``; ``set_cache_dir`` changes it for the
-process. A schedule entry is isl text, parsed by isl (never executed); a damaged or
+process. XLA's part is kept under 2 GiB (least recently used programs go first); the
+schedules are small text files (a few KB to tens of KB each) and are never evicted: delete
+the directory to clear the cache. A schedule entry is isl text, parsed by isl (never executed); a damaged or
 unreadable entry is recomputed and rewritten. Entries are written atomically (a
 temporary file renamed into place), so concurrent runs may share the directory. JAX's
 entries are executables: like JAX's own cache, the directory must be writable by you
@@ -24,6 +26,9 @@ from pathlib import Path
 
 ENV = "TEMPO_CACHE_DIR"
 OFF = "off"
+JAX_CACHE_MAX_BYTES = 2 << 30
+"""JAX's part of the cache is kept under this size, the least recently used programs
+evicted first (JAX's ``jax_compilation_cache_max_size``; a PPO config adds 0.3-0.6 MB)."""
 FORMAT = "1"
 """Part of every key: bump when what an entry holds changes meaning."""
 
@@ -112,6 +117,7 @@ def enable_jax_cache() -> Path | None:
     if wanted is not None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        jax.config.update("jax_compilation_cache_max_size", JAX_CACHE_MAX_BYTES)
     compilation_cache.reset_cache()  # JAX opens its cache once; make it open this one
     _jax_dir = wanted
     return None if wanted is None else Path(wanted)
