@@ -50,3 +50,24 @@ def test_rows_of_stacked_values_are_taken_where_the_values_are(name):
         np.testing.assert_array_equal(np.asarray(backend.rows(values, 1, 3)), host[1:4])
     assert isinstance(backend.take(host, 2), np.ndarray)
     assert isinstance(backend.rows(host, 1, 3), np.ndarray)
+
+
+def test_auto_is_jax_where_it_imports_and_numpy_where_it_does_not(monkeypatch):
+    import builtins
+
+    from tempo.runtime.backends import describe_backend, make_backend, resolve_backend
+
+    assert resolve_backend("auto") == "jax" and make_backend("auto").name == "jax"
+    assert describe_backend("auto").startswith("backend: jax (auto) on cpu device")
+    assert describe_backend("numpy") == "backend: numpy on host CPU"
+    real_import = builtins.__import__
+
+    def without_jax(name, *args, **kwargs):
+        if name == "jax" or name.startswith("jax."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", without_jax)
+    assert resolve_backend("auto") == "numpy"
+    assert describe_backend("auto") == "backend: numpy (auto) on host CPU (JAX is not installed)"
+    ctx, T, a = _float64_program()  # what auto compiles to runs: 64-bit values on NumPy
+    np.testing.assert_array_equal(ctx.compile({T: 3}, [a]).run()[a], np.arange(3) * 1.5)
