@@ -9,12 +9,12 @@ run of the same program then skips isl's scheduler and XLA's compiler.
 The directory is ``$TEMPO_CACHE_DIR`` when set (``off`` turns the cache off), else
 ``$XDG_CACHE_HOME/tempo`` or ``~/.cache/tempo``; ``set_cache_dir`` changes it for the
 process. XLA's part is kept under 2 GiB (least recently used programs go first); the
-schedules are small text files (a few KB to tens of KB each) and are never evicted: delete
-the directory to clear the cache. A schedule entry is isl text, parsed by isl (never executed); a damaged or
-unreadable entry is recomputed and rewritten. Entries are written atomically (a
-temporary file renamed into place), so concurrent runs may share the directory. JAX's
-entries are executables: like JAX's own cache, the directory must be writable by you
-alone (JAX's documentation: a compilation cache is trusted code).
+schedules are small text files (a few KB to tens of KB each) and are never evicted:
+delete the directory to clear the cache. A schedule entry is isl text, parsed by isl
+(never executed); a damaged or unreadable entry is recomputed and rewritten. Entries are
+written atomically (a temporary file renamed into place), so concurrent runs may share
+the directory. JAX's entries are executables: like JAX's own cache, the directory must be
+writable by you alone (JAX's documentation: a compilation cache is trusted code).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def default_cache_dir() -> Path | None:
 
 def set_cache_dir(path: str | Path | None) -> None:
     """Use ``path`` as this process's cache directory (``None`` or ``"off"``: no cache).
-    Takes effect for JAX's cache only before JAX compiles for the first time with a
-    directory set."""
+    isl's schedules follow at once; JAX's programs from the next JAX backend made (which
+    calls ``enable_jax_cache``)."""
     global _chosen
     _chosen = None if path is None or str(path).strip().lower() == OFF else Path(path).expanduser()
 

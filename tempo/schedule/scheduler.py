@@ -14,6 +14,7 @@ of outputs used last alike, ``F<id>_<k>`` after the group's first output ``k``.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ from tempo.schedule.tree import schedule_tree
 from tempo.symbolic.expr import FALSE, TRUE, Expr, Symbol
 from tempo.symbolic.isl_bridge import from_isl_ast_expr
 
+ISLPY_VERSION = importlib.metadata.version("islpy")
 SCHEDULE_ENTRY = "isl-schedules"
 """The compile cache's kind of entry for isl's schedules (``tempo.cache``)."""
 
@@ -187,7 +189,7 @@ def _schedule(poly: Polyhedral, needed: isl.UnionSet,
 def _cached_schedule(sc: isl.ScheduleConstraints) -> tuple[isl.Schedule | None, bool]:
     """isl's schedule for ``sc``: from the compile cache (``tempo.cache``) when an earlier
     run computed it, else computed and kept there; and whether it came from the cache."""
-    key = str(sc)
+    key = f"islpy {ISLPY_VERSION}\n{sc}"  # another isl may schedule the same constraints otherwise
     text = cache.load(SCHEDULE_ENTRY, key)
     if text is not None:
         try:
