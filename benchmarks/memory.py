@@ -62,7 +62,6 @@ DEFAULT_STEPS = (250, 1000, 4000)
 LEARNING_RATE = 1e-3
 
 
-
 @dataclass(frozen=True)
 class MemoryCell:
     """One measured run: an algorithm on one system at one rollout length."""

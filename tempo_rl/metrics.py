@@ -37,7 +37,6 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-
 class TrainingDiverged(RuntimeError):
     """A metric or the training state is not finite (NaN or infinite)."""
 

@@ -141,7 +141,7 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
     exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "auto"),
                       passes=None if passes is None else list(passes),
                       memory=tp.MemoryPolicy(**cfg.get("memory", {})),
-                      loops=tp.LoopPolicy(str(cfg.get("loops") or "lowered")))
+                      loops=tp.LoopPolicy(str(cfg["loops"])) if cfg.get("loops") else tp.LoopPolicy())
     compiled = time.perf_counter()
     logger.memory = lambda: exe.stats
     if cfg.get("compile_report"):

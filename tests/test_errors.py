@@ -361,7 +361,6 @@ def test_udf_returning_the_wrong_number_of_values(backend):
     assert "2" in str(info.value)
 
 
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_exception_inside_a_udf_or_sink_names_the_op_the_point_and_the_line(backend):
     def fails_at_two(value, point):

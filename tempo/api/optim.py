@@ -61,7 +61,6 @@ def after_last_update(x: RecurrentTensor) -> RecurrentTensor:
     return x[outer, x.ctx.bound_of[inner] - 1]
 
 
-
 class Optimizer:
     """Base class: parameters, learning rate, optional global gradient-norm clipping."""
 

@@ -27,7 +27,7 @@ from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
 from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore, WindowStore
 from tempo.schedule import ast
-from tempo.schedule.memory import point_bytes, swapped_ops
+from tempo.schedule.memory import point_bytes, swapped_ops, window_widths
 from tempo.schedule.scheduler import Schedule, Statement
 from tempo.symbolic.expr import FALSE, Expr, Slice, Symbol, compile_function
 
@@ -93,7 +93,7 @@ class Executable:
                                    {op.id: point_bytes(op, bounds) for op in graph.ops.values()}) \
             if backend.name != "numpy" else set()
         """Ids of the ops whose points wait in host memory (``tempo.schedule.memory``)."""
-        self.windows = _window_widths(graph, bounds, ctx.bound_of, {rt.key for rt in outputs})
+        self.windows = window_widths(graph, bounds, ctx.bound_of, {rt.key for rt in outputs})
         """Per stored output read only through bounded windows: their width (a ``WindowStore``)."""
         self.loops = loops or LoopPolicy()
         root = ast.substitute(schedule.root, bounds)
@@ -270,27 +270,6 @@ def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, S
     return stores
 
 
-def _window_widths(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                   outputs: Collection[tuple[int, int]]) -> dict[tuple[int, int], int]:
-    """The outputs of ops that go in a ``WindowStore`` (read through slices of their
-    innermost dim, each at most ``w`` points with ``2w`` under the dim's bound, and not a
-    program output, which keeps every point), with ``w``."""
-    consumers = graph.consumers()
-    widths = {}
-    for op in graph.ops.values():
-        if not op.domain:
-            continue
-        length = bounds[bound_of[op.domain[-1]]]
-        for k in range(len(op.outputs)):
-            readers = [e for e in consumers[op.id] if e.src_out == k]
-            if (op.id, k) in outputs or not any(isinstance(e.phi[-1], Slice) for e in readers):
-                continue
-            width = _widest_window(readers, bounds, bound_of)
-            if width is not None and 2 * width < length:
-                widths[(op.id, k)] = width
-    return widths
-
-
 def _until(rt: Output, sizes: list[int], stopped: dict[str, int], store: Any,
            stored_domain: tuple[Symbol, ...]) -> list[int]:
     """``rt``'s sizes when the run stopped at ``stopped``: its points up to the stop along
@@ -306,36 +285,6 @@ def _until(rt: Output, sizes: list[int], stopped: dict[str, int], store: Any,
             raise TempoError(f"the run stopped at {stopped} before {rt!r} was computed at "
                              f"{dict(zip(names, point))}; make the stop condition depend on it", rt.op.site)
     return sizes
-
-
-def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
-                   bound_of: dict[Symbol, Symbol]) -> int | None:
-    """The most consecutive points of the innermost dim any reader sees at once, when every
-    reader reads points or slices that move with one of its dims, slices whose size
-    depends on one dim at most (a window ``x[max(0, t-w+1):t+1]`` over ``t``); None
-    otherwise (a fixed point such as ``x[0]`` would stay alive while the window moves on)."""
-    widest = 1
-    for edge in readers:
-        entry = edge.phi[-1]
-        if not isinstance(entry, Slice):
-            if not entry.symbols() - set(bounds):  # a fixed point (x[0], x[T-1]): kept long
-                return None
-            continue
-        if not entry.start.symbols() - set(bounds):  # a slice that does not move (x[0:3])
-            return None
-        size = entry.size
-        free = [s for s in size.symbols() if s not in bounds]
-        if len(free) > 1:
-            return None
-        if not free:
-            widest = max(widest, int(size.evaluate(bounds)))
-            continue
-        dim = free[0]
-        if dim not in bound_of or bound_of[dim] not in bounds:
-            return None
-        size_at = compile_function([size], [dim], bounds)
-        widest = max([widest, *(int(size_at(v)[0]) for v in range(bounds[bound_of[dim]]))])
-    return widest
 
 
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],

@@ -89,7 +89,7 @@ def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, poi
 
 
 def _buffer_bytes(store: BlockStore, capacity: int) -> int:
-    rows = 2 * capacity if isinstance(store, WindowStore) and capacity < store.length else capacity
+    rows = store.buffer_rows(capacity) if isinstance(store, WindowStore) else capacity
     return rows * _row_bytes(store)
 
 

@@ -403,7 +403,6 @@ class BlockStore:
             del self.blocks[prefix], self.live[prefix], self.produced[prefix]
 
 
-
 class WindowStore(BlockStore):
     """A ``BlockStore`` for RTs whose readers see at most ``capacity`` consecutive points
     of the innermost dim at once (``k[max(0, t-w+1):t+1]``): a ring of ``capacity`` rows
@@ -438,12 +437,15 @@ class WindowStore(BlockStore):
             self.live[prefix], self.produced[prefix] = set(), set()
         return block
 
+    def buffer_rows(self, capacity: int) -> int:
+        """The rows of a ring of ``capacity`` slots: each point twice, or one row per point
+        when it spans the whole dim."""
+        return capacity if capacity >= self.length else 2 * capacity
+
     def _allocate(self, prefix: tuple[int, ...], capacity: int) -> np.ndarray:
-        """An empty ring of ``capacity`` slots for ``prefix`` (one buffer row per point when
-        it spans the whole dim)."""
+        """An empty ring of ``capacity`` slots for ``prefix``."""
         self.capacity[prefix], self.written[prefix] = capacity, {}
-        rows = capacity if capacity >= self.length else 2 * capacity
-        block = self.blocks[prefix] = aligned_zeros((rows, *self.shape), self.dtype)
+        block = self.blocks[prefix] = aligned_zeros((self.buffer_rows(capacity), *self.shape), self.dtype)
         self.stats.host.add(block.nbytes)
         return block
 

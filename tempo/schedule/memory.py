@@ -20,11 +20,16 @@ allocating one: parameters and optimizer state are updated in place, a recurrent
 asking the schedule about; the runtime donates at a point only where the schedule says
 the read is the last one and no other store holds the same array (a merge keeps the value
 it selects under a second name until its branch's point is freed).
+
+Windows. A tensor read only through slices of its innermost dim that move with the
+reader, each at most ``w`` points (``k[max(0, t-w+1):t+1]``), needs only its last ``w``
+points at a time: ``window_widths`` finds them, and the runtime keeps each in a ring
+(``tempo.runtime.stores.WindowStore``) instead of a buffer of the whole dim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import numpy as np
 
@@ -34,7 +39,7 @@ from tempo.ir.types import TensorType
 from tempo.options import MemoryPolicy
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Schedule
-from tempo.symbolic.expr import Symbol
+from tempo.symbolic.expr import Slice, Symbol, compile_function
 
 
 def swapped_ops(graph: SDG, schedule: Schedule, policy: MemoryPolicy,
@@ -135,3 +140,54 @@ def _statement_paths(node: ast.Node, path: tuple[int, ...]) -> Iterator[tuple[st
             yield from _statement_paths(node.orelse, path)
     else:
         yield from _statement_paths(node.body, (*path, id(node)))
+
+
+def window_widths(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
+                   outputs: Collection[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """The outputs of ops that go in a ``WindowStore`` (read through slices of their
+    innermost dim, each at most ``w`` points with ``2w`` under the dim's bound, and not a
+    program output, which keeps every point), with ``w``."""
+    consumers = graph.consumers()
+    widths = {}
+    for op in graph.ops.values():
+        if not op.domain:
+            continue
+        length = bounds[bound_of[op.domain[-1]]]
+        for k in range(len(op.outputs)):
+            readers = [e for e in consumers[op.id] if e.src_out == k]
+            if (op.id, k) in outputs or not any(isinstance(e.phi[-1], Slice) for e in readers):
+                continue
+            width = _widest_window(readers, bounds, bound_of)
+            if width is not None and 2 * width < length:
+                widths[(op.id, k)] = width
+    return widths
+
+
+def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
+                   bound_of: dict[Symbol, Symbol]) -> int | None:
+    """The most consecutive points of the innermost dim any reader sees at once, when every
+    reader reads points or slices that move with one of its dims, slices whose size
+    depends on one dim at most (a window ``x[max(0, t-w+1):t+1]`` over ``t``); None
+    otherwise (a fixed point such as ``x[0]`` would stay alive while the window moves on)."""
+    widest = 1
+    for edge in readers:
+        entry = edge.phi[-1]
+        if not isinstance(entry, Slice):
+            if not entry.symbols() - set(bounds):  # a fixed point (x[0], x[T-1]): kept long
+                return None
+            continue
+        if not entry.start.symbols() - set(bounds):  # a slice that does not move (x[0:3])
+            return None
+        size = entry.size
+        free = [s for s in size.symbols() if s not in bounds]
+        if len(free) > 1:
+            return None
+        if not free:
+            widest = max(widest, int(size.evaluate(bounds)))
+            continue
+        dim = free[0]
+        if dim not in bound_of or bound_of[dim] not in bounds:
+            return None
+        size_at = compile_function([size], [dim], bounds)
+        widest = max([widest, *(int(size_at(v)[0]) for v in range(bounds[bound_of[dim]]))])
+    return widest
