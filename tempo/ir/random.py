@@ -3,7 +3,7 @@
 Threefry-2x32 with 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2,
 3", SC 2011; the generator under ``jax.random``, though our keying differs so the draws
 are not ``jax.random``'s) written against an array module, so NumPy and XLA compute the
-same bits (normal draws: up to the last bit of log, sqrt and cos). A random op is then
+same bits (normal draws: up to the last bit of log and sqrt). A random op is then
 an ordinary kernel: it runs on the device, fuses with its neighbours, and needs no
 generator state, so a resumed run or any schedule draws exactly what the uninterrupted
 one did.
@@ -26,6 +26,13 @@ import numpy as np
 ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 PARITY = 0x1BD11BDA
 _TO_UNIT = 2.0 ** -24
+ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
+                  -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
+               -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+"""Polynomials of Giles' single-precision inverse error function ("Approximating the erfinv
+function", GPU Computing Gems, 2011), highest degree first: in ``w - 2.5`` where
+``w = -log(1 - x^2) < 5``, in ``sqrt(w) - 3`` beyond."""
 
 
 def threefry2x32(xp: Any, key: tuple[Any, Any], counter: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -75,6 +82,32 @@ def unit_interval(xp: Any, bits: Any) -> Any:
     return (bits >> xp.uint32(8)).astype(xp.float32) * xp.float32(_TO_UNIT)
 
 
+def open_interval(xp: Any, bits: Any) -> Any:
+    """Floats in ``(-1, 1)`` from the top 24 bits: odd multiples of ``2^-24``, exact in
+    float32 and symmetric about 0."""
+    odd = (bits >> xp.uint32(8)).astype(xp.int32) * 2 + (1 - 2 ** 24)
+    return odd.astype(xp.float32) * xp.float32(_TO_UNIT)
+
+
+def standard_normal(xp: Any, bits: Any) -> Any:
+    """Standard normal floats from 32-bit words by the inverse CDF, ``sqrt(2) erfinv(x)``
+    with ``x`` uniform on ``(-1, 1)`` (tails to 5.4 sigma). Polynomials and one log and sqrt,
+    where Box-Muller's cosine alone costs three times as much on XLA's CPU backend."""
+    x = open_interval(xp, bits)
+    one = xp.float32(1.0)
+    w = -xp.log((one - x) * (one + x))  # (1 - x) and (1 + x) are exact where either is small
+    central = _horner(xp, ERFINV_CENTRAL, w - xp.float32(2.5))
+    tail = _horner(xp, ERFINV_TAIL, xp.sqrt(w) - xp.float32(3.0))
+    return xp.float32(np.sqrt(2.0)) * xp.where(w < xp.float32(5.0), central, tail) * x
+
+
+def _horner(xp: Any, coefficients: tuple[float, ...], w: Any) -> Any:
+    value = xp.float32(coefficients[0])
+    for c in coefficients[1:]:
+        value = xp.float32(c) + value * w
+    return value
+
+
 def sample(xp: Any, p: dict, coords: Any = None) -> Any:
     """The draw of distribution ``p["dist"]`` (uniform, normal, randint) at ``coords``
     (``p["batch"]`` draws, one per row of ``coords``, when a parallel dim was laid out)."""
@@ -87,9 +120,8 @@ def sample(xp: Any, p: dict, coords: Any = None) -> Any:
         u = unit_interval(xp, a)
         top = np.nextafter(np.float32(p["high"]), np.float32(p["low"]))
         out = xp.minimum(p["low"] + (p["high"] - p["low"]) * u, top)
-    elif p["dist"] == "normal":  # Box-Muller, the cosine half
-        radius = xp.sqrt(-2.0 * xp.log(xp.float32(1.0) - unit_interval(xp, a)))
-        out = radius * xp.cos(xp.float32(2.0 * np.pi) * unit_interval(xp, b)) * p["scale"] + p["loc"]
+    elif p["dist"] == "normal":
+        out = standard_normal(xp, a) * p["scale"] + p["loc"]
     elif p["dist"] == "randint":
         span = p["high"] - p["low"]
         with _wrapping(xp):
