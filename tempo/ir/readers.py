@@ -34,7 +34,9 @@ class ReaderSum:
     parallel dim was laid out); ``g_dims`` are the positions in ``sink_dims`` of the dims
     ``g`` varies over. ``lead``: one entry per leading stacked axis each ``g`` has before
     those (a dim laid out by ``tempo.passes.parallel`` or ``tempo.passes.vectorize``),
-    ``"keep"`` to keep it, ``"sum"`` to sum it away.
+    ``"keep"`` to keep it, ``"sum"`` to sum it away. ``first``: the axis of the sum that
+    goes first (counted among the kept axes, leading ones then whole windows), where a
+    window kept whole is over a dim ``tempo.passes.vectorize`` laid out (stacked first).
     """
 
     sink_dims: tuple[Symbol, ...]
@@ -43,6 +45,7 @@ class ReaderSum:
     offsets: tuple[tuple[int | None, Expr], ...]
     g_dims: tuple[int, ...]
     lead: tuple[str, ...] = ()
+    first: int = 0
 
     def symbols(self) -> frozenset[Symbol]:
         """Bound symbols the sum refers to (the op's dims are implied by its domain)."""
@@ -63,6 +66,7 @@ def compile_reader_sum(reads: ReaderSum, domain: tuple[Symbol, ...],
     g_dims = reads.g_dims
     summed = tuple(k for k, lead in enumerate(reads.lead) if lead == "sum")
     kept = tuple(slice(None) for lead in reads.lead if lead == "keep")
+    first = reads.first
 
     def accumulate(q: tuple[int, ...], read: PointRead) -> Any:
         axes = [range(e.start, e.stop) if isinstance(e, slice) else (e,) for e in inverse(*q)]
@@ -77,6 +81,8 @@ def compile_reader_sum(reads: ReaderSum, domain: tuple[Symbol, ...],
                           for k, start in zip(positions, starts(*p)))
             value = value[(*kept, *index)]
             total = value if total is None else total + value
+        if first and total is not None:
+            total = total.transpose((first, *(k for k in range(total.ndim) if k != first)))
         return total
     return accumulate
 

@@ -8,6 +8,9 @@ with them:
 
 - a reader sum over every point of the dim sums the stacked axis in one step
   (``ReaderSum.lead`` gains ``"sum"``) instead of reading the points one by one;
+- a reader sum over the dim whose readers lack it and read all of it through one window
+  (a loss's mean over ``x[0:T]``) keeps that window whole, stacked first
+  (``whole_window_reads``): one sum instead of one per point;
 - a per-point matmul read only by such sums (the weight gradient ``x^T g`` of each
   point) becomes one matmul contracting over the dim: ``(m, N k) @ (N k, n)`` instead of
   ``N`` stacked ``(m, n)`` products summed afterwards. For a first-layer weight of a
@@ -43,6 +46,29 @@ def sums_every_point(op: Op, edge: Edge, dim: Symbol, size: int, bounds: dict[Sy
     return isinstance(entry, Slice) and dim not in reads.sink_cond.symbols() \
         and all(lead == "sum" for lead in reads.lead) \
         and entry.start.substitute(bounds) is const(0) and entry.stop.substitute(bounds) is const(size)
+
+
+def whole_window_reads(op: Op, edge: Edge, dim: Symbol, size: int,
+                       bounds: dict[Symbol, int]) -> ReaderSum | None:
+    """The reads of reader sum ``op`` (reading ``edge``) once ``dim``, which its readers
+    lack, is laid out: where every reader reads all of ``dim`` through one window starting
+    at 0, that window's axis is kept whole and goes first. None where they read otherwise."""
+    reads: ReaderSum = op.params["reads"]
+    at = op.domain.index(dim)
+    if dim in edge.src.domain or dim in edge.cond.symbols() or dim in reads.sink_cond.symbols():
+        return None
+    windows = [n for n, (k, _) in enumerate(reads.offsets) if k == at]
+    if len(windows) != 1:
+        return None
+    n = windows[0]
+    whole = edge.src.outputs[edge.src_out].shape[len(reads.lead) + n].substitute(bounds)
+    if reads.offsets[n][1].substitute(bounds) is not const(0) or whole is not const(size):
+        return None
+    kept = sum(1 for lead in reads.lead if lead == "keep")
+    first = kept + sum(1 for k, _ in reads.offsets[:n] if k is None)
+    offsets = tuple((None if k == at else k if k is None or k < at else k - 1, start)
+                    for k, start in reads.offsets)
+    return replace(reads, offsets=offsets, first=first)
 
 
 def without_sink_dim(reads: ReaderSum, s: int, offsets: tuple, lead: tuple[str, ...]) -> ReaderSum:

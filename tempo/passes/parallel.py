@@ -33,7 +33,7 @@ point of a laid-out reader.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import islpy as isl
@@ -46,6 +46,7 @@ from tempo.passes.contract import (
     input_type,
     summed_reader_sum,
     sums_every_point,
+    whole_window_reads,
     without_sink_dim,
 )
 from tempo.passes.rewrite import needed_by_op, recomputed_needed, without_unreached
@@ -174,15 +175,9 @@ def _reader_sum_rule(op: Op, edge: Edge, dim: Symbol, size: int,
         offsets = tuple((_shifted(k, at), start) for k, start in reads.offsets)
         new = without_sink_dim(reads, s, offsets, ("keep",))
     else:  # readers without ``dim`` read all of it through a window: keep that axis whole
-        windows = [n for n, (k, _) in enumerate(reads.offsets) if k == at]
-        if len(windows) != 1 or dim in edge.src.domain:
+        new = whole_window_reads(op, edge, dim, size, bounds)
+        if new is None:
             return None
-        n = windows[0]
-        whole = edge.src.outputs[edge.src_out].shape[n].substitute(bounds)
-        if reads.offsets[n][1] is not const(0) or whole is not const(size):
-            return None
-        offsets = tuple((None if k == at else _shifted(k, at), start) for k, start in reads.offsets)
-        new = replace(reads, offsets=offsets)
     return Rule({**op.params, "reads": new, "out_type": stacked(op.params["out_type"], size, 0)}, (0,))
 
 

@@ -48,6 +48,7 @@ from tempo.passes.contract import (
     matrix_source,
     summed_reader_sum,
     sums_every_point,
+    whole_window_reads,
 )
 from tempo.passes.rewrite import (
     add_with_inputs,
@@ -130,20 +131,40 @@ def _vectorizable(graph: SDG, state: PassState, dim: Symbol) -> dict[int, Rule]:
     consumers = graph.consumers()
     chosen: dict[int, Rule] = {}
     for op in graph.ops.values():
-        if (dim not in op.domain or op.id in cyclic or op.id in state.keep
-                or op.id not in needed or not _pure(op, dim)):
-            continue
-        edges = graph.in_edges(op)
-        reads = [_read_kind(e, dim) for e in edges]
-        if None in reads or "row" not in reads:
+        if dim not in op.domain or op.id in cyclic or op.id in state.keep or op.id not in needed:
             continue
         if any(not _adaptable(e, dim) for e in consumers[op.id]):
             continue
-        rule = _row_ofstacked(op, edges, dim, size) or \
-            checked_rule(op, edges, [r == "row" for r in reads], size)
+        rule = _rule_of(op, graph.in_edges(op), dim, size, state.bounds)
         if rule is not None and needed_at_every_step(poly, op, dim, needed[op.id]):
             chosen[op.id] = rule
     return _without_large_stacks(graph, chosen, dim, size, state)
+
+
+def _rule_of(op: Op, edges: list[Edge], dim: Symbol, size: int,
+             bounds: dict[Symbol, int]) -> Rule | None:
+    """How ``op`` is vectorized over ``dim``, if it can be (module doc)."""
+    if op.kind == "sum_readers":
+        return _reader_sum_rule(op, edges[0], dim, size, bounds)
+    if not _pure(op, dim):
+        return None
+    reads = [_read_kind(e, dim) for e in edges]
+    if None in reads or "row" not in reads:
+        return None
+    return _row_ofstacked(op, edges, dim, size) or checked_rule(op, edges, [r == "row" for r in reads], size)
+
+
+def _reader_sum_rule(op: Op, edge: Edge, dim: Symbol, size: int,
+                     bounds: dict[Symbol, int]) -> Rule | None:
+    """A gradient read at every step through one window of all of them (a loss's mean
+    over ``x[0:T]``): stacked, the whole window at once (``whole_window_reads``)."""
+    out_type = op.params["out_type"]
+    if op.when is not TRUE or any(dim in cond.symbols() for cond, _ in op.requires) \
+            or any(dim in d.symbols() for d in out_type.shape):
+        return None
+    reads = whole_window_reads(op, edge, dim, size, bounds)
+    return None if reads is None else Rule({**op.params, "reads": reads,
+                                            "out_type": stacked(out_type, size, 0)}, (0,))
 
 
 STACK_MIN_BYTES = 1 << 16

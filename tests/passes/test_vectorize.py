@@ -186,6 +186,36 @@ def test_gradients_through_vectorized_steps_equal_jax():
                                rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_gradient_read_through_a_window_of_every_step_is_summed_once(backend):
+    """A mean over ``y[i, 0:T]`` (REINFORCE's value loss): the gradient of every step's
+    ``y`` comes from one reader sum per ``i`` (the mean's gradient, stacked), not one per
+    step, and the weight's gradient is ``jax.grad``'s."""
+    ctx, (i, t), (I, T) = _context()
+    with ctx:
+        w = tp.const(W, requires_grad=True)
+        s = _rollout(ctx)
+        target = s[i, t:T].sum(0).sum(-1)  # a window from t: per step, not vectorized
+        y = ((s @ w).tanh().sum(-1) - target) ** 2
+        loss = y[i, 0:T].mean()[0:I].sum()
+        loss.backward()
+    exe = _check(ctx, {I: I_VALUE, T: T_VALUE}, [w.grad], backend)
+    sums = [op for op in exe.graph.ops.values() if op.kind == "sum_readers"]
+    assert sums and all(t not in op.domain for op in sums)
+
+    def reference(w):
+        total = 0.0
+        for a in range(I_VALUE):
+            states = [XS[a, 0]]
+            for b in range(1, T_VALUE):
+                states.append(0.5 * states[-1] + XS[a, b])
+            ys = [(jnp.tanh(states[b] @ w).sum(-1) - sum(states[b:]).sum(-1)) ** 2 for b in range(T_VALUE)]
+            total = total + jnp.stack(ys).mean()
+        return total
+    np.testing.assert_allclose(np.asarray(exe.run()[w.grad]), jax.grad(reference)(jnp.asarray(W)),
+                               rtol=2e-5, atol=2e-5)
+
+
 def test_a_resumed_run_reads_its_own_rows():
     """Under an origin that shifts ``t`` (what host ops see), rows of a vectorized value
     are still read at the run's own steps: both forms give the same result."""
