@@ -98,6 +98,24 @@ def store(kind: str, key: str, value: str) -> None:
         return
 
 
+def _give_entries_access_times(directory: Path) -> None:
+    """Give every entry of JAX's cache in ``directory`` the access-time file its size cap
+    needs. An entry written without one (by a process that had no cap, or one killed
+    between the two writes) makes JAX's eviction fail on every later write, each with a
+    warning, and nothing is cached again. The entry's modification time stands in."""
+    try:
+        entries = list(directory.glob("*-cache"))
+    except OSError:
+        return
+    for entry in entries:
+        atime = entry.with_name(entry.name.removesuffix("-cache") + "-atime")
+        try:
+            if not atime.exists():
+                atime.write_bytes(entry.stat().st_mtime_ns.to_bytes(8, "little"))
+        except OSError:
+            continue
+
+
 def enable_jax_cache() -> Path | None:
     """Point JAX's persistent compilation cache at ``<cache dir>/jax`` for every compiled
     program, however fast it compiled (Tempo compiles many small kernels), unless the user
@@ -115,6 +133,7 @@ def enable_jax_cache() -> Path | None:
         return None if wanted is None else Path(wanted)
     jax.config.update("jax_compilation_cache_dir", wanted)
     if wanted is not None:
+        _give_entries_access_times(Path(wanted))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
         jax.config.update("jax_compilation_cache_max_size", JAX_CACHE_MAX_BYTES)

@@ -102,3 +102,24 @@ def test_xla_programs_go_to_the_cache_directory(cache_dir):
     # a program this process has not compiled before: JAX writes it
     jax.jit(lambda v: jnp.cos(v) * 3.25 + 0.125)(jnp.arange(7.0)).block_until_ready()
     assert list((cache_dir / "jax").iterdir())
+
+
+def test_an_entry_without_an_access_time_does_not_stop_the_cache(cache_dir):
+    """An XLA entry left without JAX's access-time file (written with no size cap, or by
+    a process killed between the two writes) would make every later write fail."""
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+
+    jax_dir = cache_dir / "jax"
+    jax_dir.mkdir(parents=True)
+    orphan = jax_dir / ("jit_old-" + "0" * 64 + "-cache")
+    orphan.write_bytes(b"an entry of an earlier run")
+    cache.enable_jax_cache()
+    before = set(jax_dir.glob("*-cache"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # JAX warns when it cannot write an entry
+        jax.jit(lambda v: jnp.sin(v) * 1.75 - 0.375)(jnp.arange(5.0)).block_until_ready()
+    assert set(jax_dir.glob("*-cache")) - before  # the new program was written
+    assert (jax_dir / ("jit_old-" + "0" * 64 + "-atime")).exists()
