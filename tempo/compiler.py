@@ -54,13 +54,18 @@ class CompileReport:
 
 def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
                     backend: str = "auto", passes: Collection[str] | None = None,
-                    memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None) -> Executable:
+                    memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None,
+                    tile: int | None = None) -> Executable:
     """Check, optimize, schedule and prepare ``ctx``'s program for concrete ``bounds``.
 
     ``passes`` names the pipeline passes to run (``tempo.passes.PIPELINE``; all when None,
     none when empty); ``memory`` says where stored points wait (default: the device);
     ``loops`` how loops of device ops run on JAX (default: one ``lax.scan`` each
-    wherever the loop allows it; ``tp.LoopPolicy``)."""
+    wherever the loop allows it; ``tp.LoopPolicy``); ``tile`` the rows per tile of
+    varying-length reads (``tempo.passes.tile``; default: chosen per read, and only on
+    backends that compile per shape)."""
+    if tile is not None and (not isinstance(tile, int) or isinstance(tile, bool) or tile < 1):
+        raise ValueError(f"tile must be a positive number of rows, got {tile!r}")
     report = CompileReport()
     clock = time.perf_counter()
 
@@ -88,7 +93,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     stage("points")
     kept = {rt.op.id for rt in outputs}
     policy = memory or MemoryPolicy()
-    job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, stage)
+    job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, tile, stage)
     if policy.budget_mb is not None:
         return _within_budget(job, passes, report, policy.budget_mb)
     if policy.schedule == SMALLEST:
@@ -110,6 +115,7 @@ class _Job:
     runtime: Any
     policy: MemoryPolicy
     loops: LoopPolicy | None
+    tile: int | None
     stage: Callable[..., None]
 
     def compile(self, passes: Collection[str] | None, report: CompileReport) -> Executable:
@@ -117,7 +123,8 @@ class _Job:
         ctx, runtime, policy, stage = self.ctx, self.runtime, self.policy, self.stage
         for enabled in _pipelines_to_try(passes):
             state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
-                              next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel)
+                              next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel, tile=self.tile,
+                              shapes_compiled=runtime.name == "jax")
             optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
             try:
                 donors = donation_candidates(optimized, self.bounds, self.kept, policy.donate_min_bytes) \

@@ -49,6 +49,9 @@ class LanguageModel:
     backend: str = "numpy"
     tokenizer: Any = None
     """A ``tokenizers.Tokenizer`` when the checkpoint has ``tokenizer.json``."""
+    tile: int | None = None
+    """Rows per tile of the attention's growing key/value reads (``tempo.passes.tile``;
+    None: the compiler's choice)."""
     _programs: dict[_Request, tuple] = field(default_factory=dict, repr=False)
 
     def logits(self, ids: np.ndarray, attention: str | None = None,
@@ -171,7 +174,8 @@ class LanguageModel:
             if request.progress:
                 tp.sink(chosen, lambda _, point: feed["bar"].update(1), name="progress", when=t >= P - 1)
         outputs = {"chosen": chosen, **({"logits": logits} if request.keep_logits else {})}
-        exe = ctx.compile({T: P + max(request.new, 1) - 1}, list(outputs.values()), backend=self.backend)
+        exe = ctx.compile({T: P + max(request.new, 1) - 1}, list(outputs.values()), backend=self.backend,
+                          tile=self.tile)
         return exe, feed, outputs
 
 
@@ -200,9 +204,10 @@ def _token_ids(ids: Any, vocab: int) -> np.ndarray:
     return array.astype(np.int32)
 
 
-def load(path: str | Path, backend: str = "numpy") -> LanguageModel:
+def load(path: str | Path, backend: str = "numpy", tile: int | None = None) -> LanguageModel:
     """The model in a local Hugging Face-format directory (``config.json``, safetensors
-    weights, optionally ``tokenizer.json``)."""
+    weights, optionally ``tokenizer.json``). ``tile``: rows per tile of the attention's
+    key/value reads (by default the compiler's choice; ``tempo.passes.tile``)."""
     path = Path(path)
     cfg = LlamaConfig.from_file(path / "config.json")
     weights = load_weights(path, cfg)
@@ -213,4 +218,4 @@ def load(path: str | Path, backend: str = "numpy") -> LanguageModel:
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # tokenizers raises its own exception type
             raise CheckpointFormatError(f"{path / 'tokenizer.json'} is not a tokenizer ({e})") from None
-    return LanguageModel(cfg, weights, backend, tokenizer)
+    return LanguageModel(cfg, weights, backend, tokenizer, tile)

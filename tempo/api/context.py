@@ -111,18 +111,21 @@ class Context:
 
     def compile(self, bounds: dict[Symbol, int], outputs: Sequence[RecurrentTensor] = (),
                 backend: str = "auto", passes: Collection[str] | None = None,
-                memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None) -> Executable:
+                memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None,
+                tile: int | None = None) -> Executable:
         """Check, optimize and schedule the program for concrete ``bounds``.
 
         ``backend`` is "jax", "numpy" or "auto" (JAX wherever it imports); ``passes`` names
         the optimization passes to run (all by default, ``()`` for none); ``memory`` is where
         stored points wait (``tp.MemoryPolicy``; by default on the device); ``loops`` how
         loops of device ops run on JAX (``tp.LoopPolicy``: by default one ``lax.scan`` each
-        wherever the loop allows it). ``run()`` on the result returns the value of every
-        point of ``outputs``; ``report`` on it says where compile time went."""
+        wherever the loop allows it); ``tile`` the rows per tile of reads whose length varies
+        (``x[0:t+1]``; by default chosen per read, on JAX only). ``run()`` on the result
+        returns the value of every point of ``outputs``; ``report`` on it says where compile
+        time went."""
         from tempo.compiler import compile_program  # the driver sits above the API
         return compile_program(self, bounds, list(outputs), backend=backend, passes=passes,
-                               memory=memory, loops=loops)
+                               memory=memory, loops=loops, tile=tile)
 
     def __repr__(self) -> str:
         return f"Context(dims=({self._dim_names()}), ops={len(self.graph)})"

@@ -188,14 +188,25 @@ class SDG:
         return "\n".join(lines)
 
 
-def has_static_shapes(op: Op, edges: list[Edge], known: set[Symbol]) -> bool:
+def has_static_shapes(op: Op, edges: list[Edge], known: set[Symbol], tiled: bool = False) -> bool:
     """Whether the op's inputs and outputs have one shape at every point: every dim
-    depends on ``known`` symbols (the bounds) only."""
+    depends on ``known`` symbols (the bounds) only. ``tiled``: a dim that is a whole
+    number of tiles (``tempo.passes.tile``) counts as static too: it takes a few values,
+    each compiled once."""
     shapes = [d for t in op.outputs for d in t.shape]
     for e in edges:
         shapes += [d for d in e.src.outputs[e.src_out].shape]
         shapes += [entry.size for entry in e.phi if isinstance(entry, Slice)]
-    return all(d.symbols() <= known for d in shapes)
+    return all(d.symbols() <= known or tiled and is_whole_tiles(d) for d in shapes)
+
+
+def is_whole_tiles(dim: Expr) -> bool:
+    """``dim`` is ``(x // Z) * Z`` for a constant ``Z``: a multiple of a tile."""
+    if dim.op != "mul" or len(dim.args) != 2:
+        return False
+    a, b = dim.args
+    tiles, size = (a, b) if b.is_const else (b, a)
+    return size.is_const and tiles.op == "floordiv" and tiles.args[1] is size
 
 
 def program_roots(graph: SDG, output_ops: list[Op]) -> list[Op]:

@@ -438,6 +438,17 @@ register("arange", lambda size, dtype: (TensorType((as_expr(size),), dtype),),
          lambda xp, p: xp.arange(p["size"], dtype=p["dtype"]))
 
 
+def _mask_rows(xp: Any, p: dict, x: Any, count: Any) -> Any:
+    rows = x.shape[p["axis"]]
+    valid = (xp.arange(rows) < count).reshape((rows, *(1,) * (-p["axis"] - 1)))
+    return xp.where(valid, x, xp.asarray(p["fill"], dtype=x.dtype))
+
+
+# The rows of axis ``axis`` (from the end) from ``count`` on replaced by ``fill``: the
+# padding of a tiled read (``tempo.passes.tile``), masked before a reduction over it.
+register("mask_rows", lambda x, count, axis, fill: (x,), _mask_rows)
+
+
 def _eval_symbol(p: dict, point: dict, *inputs: Any) -> np.ndarray:
     return np.asarray(p["expr"].evaluate(point), dtype=p["dtype"])
 

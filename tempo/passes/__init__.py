@@ -22,6 +22,7 @@ from tempo.passes.fusion import fuse_pointwise
 from tempo.passes.lift import lift_recurrences
 from tempo.passes.parallel import vectorize_parallel_dims
 from tempo.passes.simplify import simplify_algebra
+from tempo.passes.tile import tile_dynamic_slices
 from tempo.passes.vectorize import vectorize_innermost_dim
 from tempo.symbolic.expr import Symbol
 
@@ -38,6 +39,11 @@ class PassState:
     notes: list[str] = field(default_factory=list)
     parallel: tuple[Symbol, ...] = ()
     """The dims declared parallel (``tp.Context(parallel=...)``)."""
+    tile: int | None = None
+    """Rows per tile of a padded varying-length read (None: ``tempo.passes.tile`` picks)."""
+    shapes_compiled: bool = False
+    """The backend compiles a program per shape (JAX): varying-length reads are worth
+    padding to a few lengths."""
 
 
 Pass = Callable[[SDG, PassState], SDG]
@@ -62,6 +68,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("lift", lift_recurrences),      # sums over time become cumsums (tempo.passes.lift)
     ("vectorize", vectorize_innermost_dim),  # the innermost dim laid out spatially (tempo.passes.vectorize)
     ("accumulate", accumulate_sums),  # stepwise gradient sums kept running (tempo.passes.accumulate)
+    ("tile", tile_dynamic_slices),   # varying-length reads padded to tiles (tempo.passes.tile)
     ("fusion", fusion),
 ]
 

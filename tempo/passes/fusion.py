@@ -98,7 +98,7 @@ def _fusable(op: Op, edges: list[Edge], bounds: dict[Symbol, int]) -> bool:
     d = op.definition
     return (not d.host and d.kernel is not None and op.kind != "fused" and op.when is TRUE
             and not (param_symbols(op.params) & set(op.domain))
-            and has_static_shapes(op, edges, set(bounds)))
+            and has_static_shapes(op, edges, set(bounds), tiled=True))
 
 
 def _same_point(edge: Edge) -> bool:

@@ -287,6 +287,19 @@ def _until(rt: Output, sizes: list[int], stopped: dict[str, int], store: Any,
     return sizes
 
 
+def _padded_end(readers: list[Edge], bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol]) -> int:
+    """The row a padded read of the innermost dim reaches at the readers' last point
+    (``tempo.passes.tile``; the reads move forward with the dim): ``start + pad``. A
+    read that runs further is padded with zeros by a copy."""
+    end = 0
+    for edge in readers:
+        entry = edge.phi[-1]
+        if isinstance(entry, Slice) and entry.pad is not None:
+            last = {d: bounds[bound_of[d]] - 1 for d in edge.sink.domain}
+            end = max(end, int((entry.start + entry.pad).substitute(bounds).evaluate(last)))
+    return end
+
+
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                bound_of: dict[Symbol, Symbol], backend: Backend, stats: MemoryStats,
                swapped: bool, window: int | None = None) -> Any:
@@ -298,7 +311,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         length = bounds[bound_of[op.domain[-1]]]
         if window is not None:
             return WindowStore(stats, length, shape, t.dtype, window, backend.view_of_host)
-        return BlockStore(stats, length, shape, t.dtype, backend.view_of_host)
+        return BlockStore(stats, length, shape, t.dtype, backend.view_of_host,
+                          _padded_end(readers, bounds, bound_of))
 
     def empty(sizes: tuple[int, ...]) -> Any:
         if shape is None:
@@ -407,7 +421,7 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     multi = op.definition.multi_output
     symbolic = bool(param_symbols(op.params) & set(op.domain))  # params vary with the point
     static_params = None if symbolic else resolve_params(op.params, bounds)
-    static_shapes = has_static_shapes(op, edges, set(bounds))
+    static_shapes = has_static_shapes(op, edges, set(bounds), tiled=True)
     kernel = backend.kernel(op, static_params, static_shapes)
     domain = op.domain
     donors = [(k, compile_function([last_reads[e]], domain, bounds), stores[(e.src.id, e.src_out)])

@@ -172,12 +172,19 @@ class PointStore:
     def read(self, index: tuple) -> Any:
         if not any(isinstance(i, slice) for i in index):
             return self.data[index]
-        axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in index]
-        sizes = tuple(len(a) for a in axes if isinstance(a, range))
-        values = [self.data[p] for p in itertools.product(*axes)]
-        if not values:
+        sizes = padded_sizes(index)
+        rows = iter(sizes)
+        points = [range(i.start, i.start + next(rows)) if isinstance(i, slice) else (i,) for i in index]
+        stops = [i.stop if isinstance(i, slice) else i + 1 for i in index]
+        values = [self.data[p] if all(c < stop for c, stop in zip(p, stops)) else None
+                  for p in itertools.product(*points)]
+        present = next((v for v in values if v is not None), None)
+        if present is None:
             return self.empty(sizes)
-        return self.backend.stack(values).reshape(sizes + tuple(values[0].shape))
+        if any(v is None for v in values):  # rows of a padded slice past its points
+            zero = self.backend.zeros(tuple(present.shape), str(present.dtype))
+            values = [zero if v is None else v for v in values]
+        return self.backend.stack(values).reshape(sizes + tuple(present.shape))
 
     def free(self, point: tuple[int, ...]) -> None:
         value = self.data.pop(point, None)
@@ -247,6 +254,20 @@ def aligned_zeros(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def aligned_copy(rows: np.ndarray) -> np.ndarray:
+    """A copy of ``rows`` starting at a multiple of ``ALIGNMENT`` bytes (one JAX adopts)."""
+    out = aligned_zeros(rows.shape, rows.dtype.name)
+    np.copyto(out, rows)
+    return out
+
+
+def padded_sizes(index: tuple) -> tuple[int, ...]:
+    """The rows a read of ``index`` delivers along each slice: its points, or the rows a
+    padded slice (``Slice.pad``, compiled as the slice's step) asks for."""
+    return tuple(max(0, i.stop - i.start) if i.step is None else i.step
+                 for i in index if isinstance(i, slice))
+
+
 def _empty(index: tuple) -> bool:
     return any(isinstance(i, slice) and i.stop <= i.start for i in index)
 
@@ -263,12 +284,15 @@ class BlockStore:
     """
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
-                 view: Callable[[np.ndarray], Any] = lambda rows: rows):
+                 view: Callable[[np.ndarray], Any] = lambda rows: rows, rows: int | None = None):
         self.stats = stats
         self.view = view
         """How a slice read leaves the store (``JaxBackend.view_of_host``: the rows as a
         device array without a copy where the device is this host's memory)."""
         self.length, self.shape, self.dtype = length, shape, dtype
+        self.rows = max(length, rows or 0)
+        """Rows of a buffer: the dim's points, and more where a padded read runs past them
+        (``tempo.passes.tile``), so that it is a slice of the buffer too."""
         self.blocks: dict[tuple[int, ...], Any] = {}
         self.live: dict[tuple[int, ...], set[int]] = {}
         self.produced: dict[tuple[int, ...], set[int]] = {}
@@ -327,7 +351,7 @@ class BlockStore:
         """The buffer of ``prefix``, allocated at its first write."""
         block = self.blocks.get(prefix)
         if block is None:
-            block = self.blocks[prefix] = aligned_zeros((self.length, *self.shape), self.dtype)
+            block = self.blocks[prefix] = aligned_zeros((self.rows, *self.shape), self.dtype)
             self.live[prefix], self.produced[prefix] = set(), set()
             self.stats.host.add(block.nbytes)
         return block
@@ -356,8 +380,7 @@ class BlockStore:
     def read(self, index: tuple) -> Any:
         prefix, last = index[:-1], index[-1]
         if isinstance(last, slice) and last.stop <= last.start or _empty(prefix):
-            sizes = tuple(max(0, i.stop - i.start) for i in index if isinstance(i, slice))
-            return np.zeros((*sizes, *self.shape), self.dtype)
+            return np.zeros((*padded_sizes(index), *self.shape), self.dtype)
         if any(isinstance(i, slice) for i in prefix):
             axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in prefix]
             sizes = tuple(len(a) for a in axes if isinstance(a, range))
@@ -366,12 +389,18 @@ class BlockStore:
         return self.view(self._rows(prefix, last))
 
     def _rows(self, prefix: tuple[int, ...], last: int | slice) -> np.ndarray:
-        """The stored rows of ``prefix`` at ``last`` (a point or a run of points)."""
+        """The stored rows of ``prefix`` at ``last`` (a point or a run of points; a padded
+        run goes on with the buffer's next rows, unwritten or stale, and zeros past its
+        end: the readers mask them)."""
         block = self.blocks[prefix]
-        if isinstance(last, slice):
-            start = self._slot(prefix, last.start)
-            return block[start:start + last.stop - last.start]
-        return block[self._slot(prefix, last)]
+        if not isinstance(last, slice):
+            return block[self._slot(prefix, last)]
+        start = self._slot(prefix, last.start)
+        rows = last.stop - last.start if last.step is None else last.step
+        if start + rows <= len(block):
+            return block[start:start + rows]
+        tail = np.zeros((start + rows - len(block), *self.shape), self.dtype)
+        return np.concatenate([block[start:], tail])
 
     def free(self, point: tuple[int, ...]) -> None:
         prefix, k = point[:-1], point[-1]
@@ -478,7 +507,8 @@ class WindowStore(BlockStore):
         return self._rows(index[:-1], index[-1])
 
     def _rows(self, prefix: tuple[int, ...], last: int | slice) -> np.ndarray:
-        return super()._rows(prefix, last).copy()  # a ring's rows are overwritten later
+        rows = super()._rows(prefix, last)  # copied: a ring's rows are overwritten later
+        return aligned_copy(rows) if isinstance(last, slice) else rows.copy()
 
     def _release_if_done(self, prefix: tuple[int, ...]) -> None:
         super()._release_if_done(prefix)

@@ -178,7 +178,7 @@ def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
             continue
         if not entry.start.symbols() - set(bounds):  # a slice that does not move (x[0:3])
             return None
-        size = entry.size
+        size = entry.count
         free = [s for s in size.symbols() if s not in bounds]
         if len(free) > 1:
             return None

@@ -405,23 +405,36 @@ class Slice:
 
     start: Expr
     stop: Expr
+    pad: Expr | None = None
+    """Rows the read delivers when set (at least ``stop - start``): the points, then rows
+    that are not points, which the readers mask (``tempo.passes.tile``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "start", as_expr(self.start))
         object.__setattr__(self, "stop", as_expr(self.stop))
+        if self.pad is not None:
+            object.__setattr__(self, "pad", as_expr(self.pad))
 
     def symbols(self) -> frozenset[Symbol]:
-        return self.start.symbols() | self.stop.symbols()
+        out = self.start.symbols() | self.stop.symbols()
+        return out if self.pad is None else out | self.pad.symbols()
+
+    @property
+    def count(self) -> Expr:
+        """The points read."""
+        return self.stop - self.start
 
     @property
     def size(self) -> Expr:
-        return self.stop - self.start
+        """The rows delivered: the points, padded to ``pad`` when set."""
+        return self.count if self.pad is None else self.pad
 
     def substitute(self, mapping: dict[Symbol, ExprLike]) -> Slice:
-        return Slice(self.start.substitute(mapping), self.stop.substitute(mapping))
+        pad = None if self.pad is None else self.pad.substitute(mapping)
+        return Slice(self.start.substitute(mapping), self.stop.substitute(mapping), pad)
 
     def __repr__(self) -> str:
-        return f"{self.start}:{self.stop}"
+        return f"{self.start}:{self.stop}" + ("" if self.pad is None else f" (padded to {self.pad})")
 
 
 IndexEntry = Expr | Slice
@@ -429,7 +442,8 @@ IndexEntry = Expr | Slice
 
 def compile_function(exprs: Iterable[IndexEntry], params: Iterable[Symbol],
                      constants: dict[Symbol, int] | None = None) -> Callable[..., tuple]:
-    """A Python function of ``params`` returning the tuple of ``exprs`` (slices as ``slice``).
+    """A Python function of ``params`` returning the tuple of ``exprs`` (slices as ``slice``;
+    a padded slice's rows are its ``step``).
 
     Bound symbols are folded in from ``constants``. The function is generated source, so
     the per-call cost is that of plain Python arithmetic.
@@ -441,7 +455,8 @@ def compile_function(exprs: Iterable[IndexEntry], params: Iterable[Symbol],
     for entry in exprs:
         if isinstance(entry, Slice):
             entry = entry.substitute(subst)  # type: ignore[arg-type]
-            body.append(f"slice({entry.start.to_python(names)}, {entry.stop.to_python(names)})")
+            pad = "" if entry.pad is None else f", {entry.pad.to_python(names)}"  # rows, as the step
+            body.append(f"slice({entry.start.to_python(names)}, {entry.stop.to_python(names)}{pad})")
         else:
             body.append(entry.substitute(subst).to_python(names))  # type: ignore[arg-type]
     src = f"lambda {', '.join(names[s] for s in params)}: ({''.join(b + ', ' for b in body)})"

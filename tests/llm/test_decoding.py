@@ -55,18 +55,26 @@ def _ids(batch: int, length: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(3, SIZES["vocab_size"], (batch, length))
 
 
+BACKENDS = [("numpy", None), ("jax", None), ("jax", 4), ("numpy", 4)]
+"""(backend, tile): the compiler's choice (JAX: the growing reads padded to their longest,
+one shape; NumPy: not padded), and tiles of 4 rows on both (several shapes, the last
+tile masked)."""
+
+
+@pytest.mark.parametrize("backend,tile", BACKENDS)
 @pytest.mark.parametrize("which", ["llama", "mistral"])
-def test_full_sequence_logits_match_transformers(request, which):
+def test_full_sequence_logits_match_transformers(request, which, backend, tile):
     model, path = request.getfixturevalue(which)
     ids = _ids(2, 11)  # longer than Mistral's window of 4
-    ours = tempo_llm.load(path).logits(ids)
+    ours = tempo_llm.load(path, backend=backend, tile=tile).logits(ids)
     np.testing.assert_allclose(ours, _forward(model, ids), atol=TOLERANCE, rtol=0)
 
 
-def test_greedy_generation_matches_transformers_generate(llama):
+@pytest.mark.parametrize("backend,tile", BACKENDS)
+def test_greedy_generation_matches_transformers_generate(llama, backend, tile):
     model, path = llama
     ids = _ids(2, 5, seed=3)
-    out = tempo_llm.load(path).generate(ids, 12, return_logits=True)
+    out = tempo_llm.load(path, backend=backend, tile=tile).generate(ids, 12, return_logits=True)
     with torch.no_grad():
         theirs = model.generate(torch.tensor(ids), max_new_tokens=12, do_sample=False, pad_token_id=0,
                                 eos_token_id=None, output_logits=True, return_dict_in_generate=True)
@@ -75,13 +83,15 @@ def test_greedy_generation_matches_transformers_generate(llama):
     assert out.lengths.tolist() == [12, 12]
 
 
-def test_window_generation_longer_than_the_window_matches_transformers(mistral):
+@pytest.mark.parametrize("backend,tile", BACKENDS)
+def test_window_generation_longer_than_the_window_matches_transformers(mistral, backend, tile):
     """Prompt 3 tokens, 14 generated, window 4: every step's logits equal Mistral's forward
     pass over the generated sequence (its sliding-window mask), and the greedy tokens equal
     its ``generate``."""
     model, path = mistral
     ids = _ids(2, 3, seed=4)
-    out = tempo_llm.load(path).generate(ids, 14, attention="window", return_logits=True)
+    out = tempo_llm.load(path, backend=backend, tile=tile).generate(ids, 14, attention="window",
+                                                                   return_logits=True)
     forward = _forward(model, out.tokens)[:, 2:-1]
     np.testing.assert_allclose(out.logits, forward, atol=TOLERANCE, rtol=0)
     with torch.no_grad():

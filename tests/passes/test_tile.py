@@ -1,0 +1,94 @@
+"""Tiling of varying-length reads (``tempo.passes.tile``): attention over ``k[0:t+1]`` and
+over a window, padded to tiles and masked, gives the reference evaluator's values and ops
+of a few shapes only; what it cannot pad stays as it was."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.ir.graph import has_static_shapes
+from tempo.reference import evaluate
+
+T_VALUE, H = 11, 4
+RNG = np.random.default_rng(5)
+Q = RNG.normal(size=(T_VALUE, 2, H)).astype(np.float32)
+K = RNG.normal(size=(T_VALUE, H)).astype(np.float32) * 3.0
+V = RNG.normal(size=(T_VALUE, H)).astype(np.float32)
+
+
+def _attention(window: int | None):
+    """``out[t] = softmax(q[t] k[s]^T / 2) v[s]`` over ``s`` in ``0..t`` (or the last
+    ``window`` positions), the keys and values made at each step."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        q = tp.const(Q)[t]
+        k = tp.const(K)[t] * 1.5
+        v = tp.const(V)[t] + 0.25
+        span = slice(0, t + 1) if window is None else slice(tp.max(0, t - window + 1), t + 1)
+        scores = q @ k[span].permute(1, 0) / 2.0  # (2, n)
+        out = scores.softmax(-1) @ v[span]          # (2, H)
+    return ctx, {T: T_VALUE}, out
+
+
+def _tile_note(exe) -> str:
+    return next(n for n in exe.report.notes if n.startswith("tile"))
+
+
+@pytest.mark.parametrize("backend,tile", [("jax", None), ("jax", 4), ("numpy", 4), ("jax", 16)])
+@pytest.mark.parametrize("window", [None, 3])
+def test_padded_attention_gives_the_reference_values(backend, tile, window):
+    ctx, bounds, out = _attention(window)
+    exe = ctx.compile(bounds, [out], backend=backend, tile=tile)
+    assert "padded to" in _tile_note(exe)
+    got = np.asarray(exe.run()[out])
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [out])[out.key], rtol=1e-5, atol=1e-6)
+
+
+def test_a_window_is_one_static_shape():
+    """``k[max(0, t-2):t+1]`` holds 1 to 3 points: padded to 3 rows at every ``t``, every
+    op has one shape (it compiles once)."""
+    ctx, bounds, out = _attention(3)
+    exe = ctx.compile(bounds, [out], backend="jax")
+    assert "padded to 3 rows" in _tile_note(exe)
+    for op in exe.graph.ops.values():
+        assert has_static_shapes(op, exe.graph.in_edges(op), set(exe.bounds)), op
+
+
+def test_growing_reads_take_one_shape_per_tile():
+    """``k[0:t+1]`` with tiles of 4 rows: 11 lengths, 3 shapes (4, 8, 12 rows)."""
+    ctx, bounds, out = _attention(None)
+    exe = ctx.compile(bounds, [out], backend="jax", tile=4)
+    assert "tiles of 4 rows (3 shapes)" in _tile_note(exe)
+    varying = [op for op in exe.graph.ops.values()
+               if not has_static_shapes(op, exe.graph.in_edges(op), set(exe.bounds))]
+    assert varying and all(has_static_shapes(op, exe.graph.in_edges(op), set(exe.bounds), tiled=True)
+                           for op in varying)
+
+
+def test_numpy_runs_varying_shapes_as_they_come():
+    ctx, bounds, out = _attention(None)
+    exe = ctx.compile(bounds, [out], backend="numpy")
+    assert not any(n.startswith("tile") for n in exe.report.notes)
+
+
+def test_a_mean_over_the_varying_axis_is_left_unpadded():
+    """A mean would count the padding: the read is not padded, and the values are right."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        k = tp.const(K)[t] * 2.0
+        out = k[0:t + 1].mean(0)
+    exe = ctx.compile({T: T_VALUE}, [out], backend="jax")
+    assert "left unpadded" in _tile_note(exe) and "reduce_mean" in _tile_note(exe)
+    np.testing.assert_allclose(np.asarray(exe.run()[out]),
+                               [K[:n + 1].mean(0) * 2.0 for n in range(T_VALUE)], rtol=1e-5)
+
+
+@pytest.mark.parametrize("tile", [0, -4, 2.5, True])
+def test_a_bad_tile_is_an_error(tile):
+    ctx, bounds, out = _attention(None)
+    with pytest.raises(ValueError, match="tile must be a positive number of rows"):
+        ctx.compile(bounds, [out], backend="numpy", tile=tile)
