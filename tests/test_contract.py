@@ -1,4 +1,5 @@
-"""The user-facing contract of DESIGN §4: the example program, as written, gives the right values.
+"""The user-facing contract (docs/programming-model.md): the example program, as written,
+gives the right values.
 
 Expected values are computed here with plain NumPy, and also compared with the reference
 evaluator; nothing is copied from the output of the code under test.

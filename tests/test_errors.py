@@ -251,7 +251,8 @@ def test_missing_bound_is_named():
 
 
 def test_missing_bound_error_points_at_the_user_code():
-    """DESIGN §7: a bound missing at compile time is reported with the user's source line."""
+    """A bound missing at compile time is reported with the user's source line
+    (docs/programming-model.md, "Errors")."""
     ctx, T, y = _program_using_T()
     with pytest.raises(tp.BoundsError) as info:
         ctx.compile(bounds={}, outputs=[y], backend="numpy")

@@ -1,6 +1,7 @@
-"""The dependency direction of DESIGN §2, read from the import statements themselves: the
-runtime never reaches up into the API or the compiler driver, the layers under the driver
-never import it, and nothing in ``tempo`` imports the RL or LLM packages."""
+"""The dependency direction of docs/architecture.md (its package table), read from the
+import statements themselves: the runtime never reaches up into the API or the compiler
+driver, the layers under the driver never import it, and nothing in ``tempo`` imports the
+RL or LLM packages."""
 
 import ast
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""RL algorithms, each an RT program builder over dims ``(i, t)`` (PPO: ``(i, u, t)``),
+"""RL algorithms, each an RT program builder over dims ``(b, i, t)`` (PPO: ``(b, i, u, t)``),
 registered by name with ``register_algorithm`` (``tempo_rl.algorithms.registry``)."""
 
 from tempo_rl.algorithms import nstep, ppo, reinforce  # noqa: F401 - registers them

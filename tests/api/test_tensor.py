@@ -1,4 +1,5 @@
-"""Domain and shape inference of the frontend (DESIGN §4 semantics)."""
+"""Domain and shape inference of the frontend (the semantics of docs/programming-model.md,
+"Recurrent tensors")."""
 
 import numpy as np
 import pytest
