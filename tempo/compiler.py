@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tempo import cache
+from tempo.analysis.needed import analyze_points
 from tempo.errors import MemoryBudgetError, TempoError, UnschedulableError
 from tempo.ir.graph import SDG, Op, program_roots
 from tempo.ir.validate import check_graph, check_parallel, check_placeholders, resolve_bounds
@@ -25,7 +26,7 @@ from tempo.passes import PIPELINE, PassState, run_pipeline
 from tempo.runtime.backends import make_backend
 from tempo.runtime.executable import Executable
 from tempo.schedule.memory import donation_candidates
-from tempo.schedule.scheduler import Schedule, analyze_points, build_schedule
+from tempo.schedule.scheduler import Schedule, build_schedule
 from tempo.symbolic.expr import FALSE, TRUE, Symbol
 
 if TYPE_CHECKING:

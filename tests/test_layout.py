@@ -35,11 +35,13 @@ def _reaching(path: Path, forbidden: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize("package,forbidden", [
     ("runtime", ("tempo.api", "tempo.compiler", "tempo.passes")),
-    ("schedule", ("tempo.api", "tempo.compiler", "tempo.runtime")),
-    ("passes", ("tempo.api", "tempo.compiler", "tempo.runtime")),
-    ("ir", ("tempo.api", "tempo.compiler", "tempo.runtime", "tempo.passes", "tempo.schedule")),
+    ("schedule", ("tempo.api", "tempo.compiler", "tempo.runtime", "tempo.passes")),
+    ("passes", ("tempo.api", "tempo.compiler", "tempo.runtime", "tempo.schedule")),
+    ("analysis", ("tempo.api", "tempo.compiler", "tempo.runtime", "tempo.passes", "tempo.schedule")),
+    ("ir", ("tempo.api", "tempo.compiler", "tempo.runtime", "tempo.passes", "tempo.schedule",
+            "tempo.analysis")),
     ("symbolic", ("tempo.api", "tempo.compiler", "tempo.runtime", "tempo.passes", "tempo.schedule",
-                  "tempo.ir")),
+                  "tempo.analysis", "tempo.ir")),
     ("options", ("tempo.api", "tempo.compiler", "tempo.runtime", "tempo.passes", "tempo.schedule")),
 ])
 def test_lower_layers_do_not_import_higher_ones(package, forbidden):

@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING
 
 import islpy as isl
 
+from tempo.analysis.needed import needed_by_op
+from tempo.analysis.polyhedral import statement_name
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.readers import ReaderSum
 from tempo.ir.types import TensorType
-from tempo.passes.rewrite import add_with_inputs, needed_by_op
+from tempo.passes.rewrite import add_with_inputs
 from tempo.symbolic.expr import TRUE, Slice, Symbol
 
 if TYPE_CHECKING:
@@ -100,7 +102,7 @@ def _with_running_sums(needed: isl.UnionSet, served: dict[int, tuple[Op, str]], 
     sums, up to the one before the last for the addition (it adds the next step). Found
     directly: finding them again from the roots would sweep each new recurrence one step
     at a time (146 s on n-step's program)."""
-    by_op = needed_by_op(needed)
+    by_op = needed_by_op(needed, [op.id for op, _ in served.values()])
     for k, (op, kind) in served.items():
         points = by_op.get(op.id)
         if points is None:
@@ -113,7 +115,7 @@ def _with_running_sums(needed: isl.UnionSet, served: dict[int, tuple[Op, str]], 
         new = points.insert_dims(isl.dim_type.set, n, 1) \
             .lower_bound_val(isl.dim_type.set, n, isl.Val.int_from_si(ctx, steps.start)) \
             .upper_bound_val(isl.dim_type.set, n, isl.Val.int_from_si(ctx, last))
-        needed = needed.union(isl.UnionSet.from_set(new.set_tuple_name(f"S{k}")))
+        needed = needed.union(isl.UnionSet.from_set(new.set_tuple_name(statement_name(k))))
     return needed
 
 

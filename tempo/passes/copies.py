@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tempo.analysis.needed import needed_by_op, needed_of
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.types import TensorType
-from tempo.passes.rewrite import needed_by_op, needed_of
 from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, logical_and
 
 if TYPE_CHECKING:
@@ -31,8 +31,7 @@ def propagate_copies(graph: SDG, state: PassState) -> SDG:
             break
         graph = _without(graph, found)
         removed |= found
-    by_op = needed_by_op(state.needed)
-    state.needed = needed_of(state.needed, by_op, set(by_op) - removed)
+    state.needed = needed_of(state.needed, needed_by_op(state.needed, graph.ops), graph.ops)
     state.notes.append(f"copies: {len(removed)} identity ops read through")
     return graph
 

@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING
 
 import islpy as isl
 
+from tempo.analysis.needed import needed_by_op, needed_of
+from tempo.analysis.polyhedral import Polyhedral
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import param_symbols
 from tempo.passes.copies import is_plain_copy, read_through
-from tempo.passes.rewrite import needed_by_op, needed_of, without_unreached
-from tempo.schedule.polyhedral import Polyhedral
+from tempo.passes.rewrite import without_unreached
 from tempo.symbolic.expr import TRUE, IndexEntry, Slice, Symbol
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def reduce_domains(graph: SDG, state: PassState) -> SDG:
     """``graph`` with every op that can be (see the module doc) computed over a smaller
     domain; ``state.needed`` gains the moved ops' points."""
     poly = Polyhedral(graph, state.bounds, state.bound_of)
-    by_op = needed_by_op(state.needed)
+    by_op = needed_by_op(state.needed, graph.ops)
     moves: dict[int, _Move] = {}
     invariant = 0
     for op in graph.ops.values():

@@ -22,6 +22,8 @@ from typing import Any
 import islpy as isl
 import numpy as np
 
+from tempo.analysis.needed import needed_by_op
+from tempo.analysis.polyhedral import statement_name
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes
 from tempo.ir.ops import param_symbols, register, resolve_params
 from tempo.symbolic.expr import TRUE, Slice, Symbol, linear_form
@@ -69,10 +71,10 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
                    keep: set[int], first_id: int) -> FusionResult:
     """``graph`` with its pointwise islands fused, and the needed points of the new graph.
 
-    ``needed`` are the unfused graph's needed points (statements ``S<id>``); ops in
+    ``needed`` are the unfused graph's needed points (``statement_name``); ops in
     ``keep`` (outputs) stay as they are; fused ops get ids from ``first_id`` on.
     """
-    by_op = _needed_by_op(needed)
+    by_op = {k: points.reset_tuple_id() for k, points in needed_by_op(needed, graph.ops).items()}
     order = _topological_order(graph)
     if order is None:
         return FusionResult(graph, needed, 0, 0)
@@ -323,22 +325,12 @@ def _fuse(graph: SDG, members: list[Op], consumers: dict[int, list[Edge]],
     return op, inputs, exported
 
 
-def _needed_by_op(needed: isl.UnionSet) -> dict[int, isl.Set]:
-    """Each op's needed points, with the statement name dropped (comparable across ops)."""
-    out = {}
-    sets = needed.get_set_list()
-    for k in range(sets.n_set()):
-        s = sets.get_at(k)
-        out[int(s.get_tuple_name()[1:])] = s.reset_tuple_id()
-    return out
-
-
 def _renamed_needed(by_op: dict[int, isl.Set], island_of: dict[int, int],
                     fused_ops: list[Op]) -> isl.UnionSet:
     pieces = []
     for op_id, points in by_op.items():
         k = island_of.get(op_id)
-        name = f"S{op_id}" if k is None else f"S{fused_ops[k].id}"
+        name = statement_name(op_id if k is None else fused_ops[k].id)
         pieces.append(isl.UnionSet.from_set(points.set_tuple_name(name)))
     out = pieces[0]
     for piece in pieces[1:]:

@@ -23,19 +23,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tempo.analysis.needed import needed_at_every_step, needed_by_op
+from tempo.analysis.polyhedral import Polyhedral
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import normalize_dim
 from tempo.ir.types import TensorType
 from tempo.passes.rewrite import (
     add_with_inputs,
-    needed_at_every_step,
-    needed_by_op,
     recomputed_needed,
     row_index_op,
     same_type,
     without_unreached,
 )
-from tempo.schedule.polyhedral import Polyhedral
 from tempo.symbolic.expr import TRUE, Slice, Symbol, const
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ def lift_recurrences(graph: SDG, state: PassState) -> SDG:
     if size is None:  # the program does not use the dim
         state.notes.append("lift: 0 sums lifted")
         return graph
-    needed = needed_by_op(state.needed)
+    needed = needed_by_op(state.needed, graph.ops)
     poly = Polyhedral(graph, state.bounds, state.bound_of)
     lifted: dict[int, Edge] = {}
     for op in graph.ops.values():

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import islpy as isl
 
+from tempo.analysis.needed import needed_by_op
+from tempo.analysis.polyhedral import Polyhedral
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import param_symbols
 from tempo.ir.readers import ReaderSum
@@ -49,9 +51,8 @@ from tempo.passes.contract import (
     whole_window_reads,
     without_sink_dim,
 )
-from tempo.passes.rewrite import needed_by_op, recomputed_needed, without_unreached
+from tempo.passes.rewrite import recomputed_needed, without_unreached
 from tempo.passes.vectorize import RULE_KINDS, Rule, StackingRewriter, checked_rule, stacked
-from tempo.schedule.polyhedral import Polyhedral
 from tempo.symbolic.expr import Slice, Symbol, const
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def _rules(graph: SDG, state: PassState, dim: Symbol, size: int
     """The rule of every op over ``dim``, or what keeps one op from having one."""
     rules: dict[int, Rule] = {}
     poly = Polyhedral(graph, state.bounds, state.bound_of)
-    needed = needed_by_op(state.needed)
+    needed = needed_by_op(state.needed, graph.ops)
     for op in graph.ops.values():
         if dim not in op.domain:
             if op.kind == "sum_readers" and not _summable(op, graph.in_edges(op)[0], dim, size, state.bounds):

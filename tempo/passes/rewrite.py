@@ -11,17 +11,17 @@ points are united into its replacement's.
 
 from __future__ import annotations
 
-from collections.abc import Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import islpy as isl
 import numpy as np
 
+from tempo.analysis.needed import needed_by_op, needed_of
+from tempo.analysis.polyhedral import Polyhedral, needed_points, statement_name
 from tempo.errors import SourceSite
 from tempo.ir.graph import SDG, Edge, Op, program_roots
 from tempo.ir.types import TensorType
-from tempo.schedule.polyhedral import Polyhedral, needed_points
 from tempo.symbolic.expr import TRUE, Expr, Symbol
 
 if TYPE_CHECKING:
@@ -102,42 +102,22 @@ def _without(graph: SDG, dead: set[int]) -> SDG:
     return out
 
 
-def needed_by_op(needed: isl.UnionSet) -> dict[int, isl.Set]:
-    """Each op's needed points (statement ``S<id>``), keyed by op id, named as before."""
-    out = {}
-    sets = needed.get_set_list()
-    for k in range(sets.n_set()):
-        s = sets.get_at(k)
-        out[int(s.get_tuple_name()[1:])] = s
-    return out
-
-
 def _moved_needed(needed: isl.UnionSet, graph: SDG, redirect: dict, resolve) -> isl.UnionSet:
     """``needed`` restricted to the ops of ``graph``, with the points of each replaced op
     that is gone added to those of its replacement (same domain, so the same points)."""
-    by_op = needed_by_op(needed)
+    by_op = needed_by_op(needed, {*graph.ops, *(k for k, _ in redirect)})
     for (k, out), _ in sorted(redirect.items(), key=lambda kv: kv[0]):
         if k in graph.ops or k not in by_op:
             continue
         target, _ = resolve(*redirect[(k, out)])
         if target.id not in graph.ops:
             continue
-        points = by_op[k].set_tuple_name(f"S{target.id}")
+        points = by_op[k].set_tuple_name(statement_name(target.id))
         current = by_op.get(target.id)
         if current is not None and current.dim(isl.dim_type.set) != points.dim(isl.dim_type.set):
-            raise ValueError(f"internal: S{k} replaced by {target.name}, whose domain differs")
+            raise ValueError(f"internal: op {k} replaced by {target.name}, whose domain differs")
         by_op[target.id] = points if current is None else current.union(points).coalesce()
     return needed_of(needed, by_op, graph.ops)
-
-
-def needed_of(needed: isl.UnionSet, by_op: dict[int, isl.Set], ops: Container[int]) -> isl.UnionSet:
-    """The needed points of ``by_op``'s ops that are in ``ops``, as one union set in
-    ``needed``'s isl context."""
-    result = needed.subtract(needed)  # empty, in needed's isl context
-    for k, points in by_op.items():
-        if k in ops:
-            result = result.union(isl.UnionSet.from_set(points))
-    return result
 
 
 def without_unreached(graph: SDG, keep: set[int]) -> SDG:
@@ -156,14 +136,6 @@ def recomputed_needed(graph: SDG, state: PassState) -> isl.UnionSet:
     if needed is None:
         raise ValueError("internal: the rewritten program's needed points have no closed form")
     return needed
-
-
-def needed_at_every_step(poly: Polyhedral, op: Op, dim: Symbol, needed: isl.Set) -> bool:
-    """Each point of the op's other dims that is needed is needed at every step of ``dim``."""
-    at = op.domain.index(dim)
-    others = needed.project_out(isl.dim_type.set, at, 1).insert_dims(isl.dim_type.set, at, 1)
-    box = isl.Set.from_union_set(poly.box(op))
-    return box.intersect(others.set_tuple_name(needed.get_tuple_name())).is_subset(needed)
 
 
 def add_with_inputs(graph: SDG, op: Op, inputs: list[Edge]) -> Op:

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tempo.analysis.needed import needed_at_every_step, needed_by_op
+from tempo.analysis.polyhedral import Polyhedral
 from tempo.errors import ShapeError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import normalize_dim, op_def, param_symbols
@@ -52,13 +54,10 @@ from tempo.passes.contract import (
 )
 from tempo.passes.rewrite import (
     add_with_inputs,
-    needed_at_every_step,
-    needed_by_op,
     recomputed_needed,
     row_index_op,
     without_unreached,
 )
-from tempo.schedule.polyhedral import Polyhedral
 from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, const
 
 if TYPE_CHECKING:
@@ -126,7 +125,7 @@ def _vectorizable(graph: SDG, state: PassState, dim: Symbol) -> dict[int, Rule]:
     """The rule of each op to vectorize over ``dim``, by op id."""
     size = state.bounds[state.bound_of[dim]]
     cyclic = _on_cycles_over(graph, dim)
-    needed = needed_by_op(state.needed)
+    needed = needed_by_op(state.needed, graph.ops)
     poly = Polyhedral(graph, state.bounds, state.bound_of)
     consumers = graph.consumers()
     chosen: dict[int, Rule] = {}

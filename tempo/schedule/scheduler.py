@@ -21,18 +21,10 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from tempo import cache
+from tempo.analysis.polyhedral import ISL, Polyhedral, check_acyclic_points, needed_points
 from tempo.errors import UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.schedule import ast
-from tempo.schedule.polyhedral import (
-    ISL,
-    Polyhedral,
-    check_acyclic_points,
-    check_branches,
-    check_reads,
-    check_requirements,
-    needed_points,
-)
 from tempo.schedule.tree import schedule_tree
 from tempo.symbolic.expr import FALSE, TRUE, Expr, Symbol
 from tempo.symbolic.isl_bridge import from_isl_ast_expr
@@ -81,22 +73,6 @@ class Schedule:
         return "\n".join(line[4:] for line in ast.to_python(self.root, render))
 
     __str__ = pseudo_code
-
-
-def analyze_points(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                   roots: list[Op]) -> isl.UnionSet:
-    """The points the program needs (every point some root depends on), after checking
-    that every needed point is defined (a branch holds), reads inside its sources'
-    ranges, and meets its requirements.
-
-    ``roots`` are the ops whose every point must run (outputs, UDFs)."""
-    concrete = Polyhedral(graph, bounds, bound_of)
-    reads = concrete.all_reads()
-    needed = needed_points(concrete, roots, reads)
-    check_branches(concrete, needed)
-    check_reads(concrete, needed, reads)
-    check_requirements(concrete, needed)
-    return needed
 
 
 def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],

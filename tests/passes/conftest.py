@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from tempo.analysis.needed import analyze_points
 from tempo.ir.graph import SDG, program_roots
 from tempo.ir.validate import resolve_bounds
 from tempo.passes import PIPELINE, PassState
 from tempo.reference import evaluate
-from tempo.schedule.scheduler import analyze_points
 
 
 @dataclass

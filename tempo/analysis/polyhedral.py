@@ -1,8 +1,9 @@
 """The SDG as polyhedra: statement domains and read relations as isl objects.
 
-Each op becomes an isl statement ``S<id>`` whose instances are the op's points; each edge
-becomes a read relation ``{ S<sink>[p] -> S<src>[q] : q in phi(p), cond(p) }``. The mapping
-from statement names to ops is kept in a dict, never parsed back from names.
+Each op becomes an isl statement ``S<id>`` (``statement_name``) whose instances are the
+op's points; each edge becomes a read relation ``{ S<sink>[p] -> S<src>[q] : q in phi(p),
+cond(p) }``. The mapping from statement names to ops is kept in a dict, never parsed back
+from names.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from tempo.errors import (
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.symbolic.expr import TRUE, Expr, Slice, Symbol, logical_and, logical_not
 from tempo.symbolic.isl_bridge import to_isl
+
+
+def statement_name(op_id: int) -> str:
+    """The isl statement of op ``op_id``: its points are the statement's instances."""
+    return f"S{op_id}"
 
 
 def _scheduler_context() -> isl.Context:
@@ -85,7 +91,7 @@ class Polyhedral:
 
     @staticmethod
     def name(op: Op) -> str:
-        return f"S{op.id}"
+        return statement_name(op.id)
 
     def _vars(self, op: Op, prefix: str) -> dict[Symbol, str]:
         return {d: f"{prefix}{k}" for k, d in enumerate(op.domain)}
