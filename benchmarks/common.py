@@ -17,7 +17,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class PPOSettings:
-    """PPO's hyperparameters, as in ``conf/algorithm/ppo.yaml`` and ``conf/network``."""
+    """PPO's hyperparameters, as in Tempo's config (``PPOConfig``, ``conf/network``)."""
 
     num_steps: int
     learning_rate: float

@@ -49,7 +49,7 @@ CONFIGS: dict[str, dict[str, int]] = {
     "paper": {"num_envs": 512, "num_steps": 250},
 }
 """Envs x rollout length of each config (250 x 32 = 8,000 steps split into 4 minibatches);
-the rest of PPO's hyperparameters are conf/algorithm/ppo.yaml's."""
+the rest of PPO's hyperparameters are Tempo's config's (PPOConfig)."""
 DEFAULT_ITERATIONS = {"small": 3, "paper": 2}
 """Measured iterations per config (after the warm-up ones) when --iterations is not given."""
 SYNTHETIC_OBS_SHAPE = (3, 4, 4)

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from tempo.api import optim
 from tempo_rl.algorithms import TrainProgram, register_algorithm
 from tempo_rl.algorithms.common import actor_critic, rl_context
-from tempo_rl.options import POSITIVE, UNIT, option
+from tempo_rl.options import AT_LEAST_ONE, POSITIVE, UNIT, option
 
 
 @dataclass
 class TD0Config:
+    num_steps: int = option(32, AT_LEAST_ONE)      # steps of each env per iteration (every algorithm has it)
     gamma: float = option(0.99, UNIT)              # checked before a run: a float in [0, 1]
     learning_rate: float = option(1e-3, POSITIVE)
     hidden: tuple[int, ...] = (64, 64)

@@ -22,10 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tempo.errors import TempoError  # noqa: E402 - after the path fix for running from a checkout
 from tempo.runtime.backends import describe_backend  # noqa: E402
+from tempo_rl.config import store_algorithm_defaults  # noqa: E402
 from tempo_rl.metrics import TrainingDiverged  # noqa: E402
 from tempo_rl.options import ConfigError  # noqa: E402
 from tempo_rl.run_dir import RunDirError  # noqa: E402
 from tempo_rl.train import train  # noqa: E402
+
+store_algorithm_defaults()  # conf/algorithm/<name>.yaml start from the dataclasses' defaults
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -48,8 +48,7 @@ def algorithm_config(cls: type, cfg: dict[str, Any], network: dict[str, Any]) ->
     """The algorithm's dataclass from the config's algorithm and network groups; unknown
     keys are an error, not ignored."""
     fields = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in {**cfg, **network}.items()
-              if k not in ("name", "module") and (k != "num_steps" or "num_steps" in fields)}
+    values = {k: v for k, v in {**cfg, **network}.items() if k not in ("name", "module")}
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ValueError(f"{cls.__name__} has no option(s) {unknown}; it has {sorted(fields)}")

@@ -18,8 +18,13 @@ from tempo_rl.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, option
 
 @dataclass
 class ActorCriticConfig:
-    """Options every actor-critic builder here shares (CleanRL's names)."""
+    """Options every actor-critic builder here shares (CleanRL's names). Each algorithm's
+    dataclass owns its defaults: ``conf/algorithm/<name>.yaml`` takes them from it
+    (``tempo_rl.config.store_algorithm_defaults``), except ``hidden`` and ``activation``,
+    which the ``network`` group sets."""
 
+    num_steps: int = option(128, AT_LEAST_ONE)
+    """Steps of each env per iteration (the rollout length ``T``)."""
     gamma: float = option(0.99, UNIT)
     learning_rate: float = option(1e-3, POSITIVE)
     hidden: tuple[int, ...] = option((64, 64), AT_LEAST_ONE)

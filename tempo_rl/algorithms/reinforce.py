@@ -23,11 +23,12 @@ from tempo_rl.algorithms.common import (
 )
 from tempo_rl.algorithms.registry import register_algorithm
 from tempo_rl.envs import Env
-from tempo_rl.options import POSITIVE, option
+from tempo_rl.options import AT_LEAST_ONE, POSITIVE, option
 
 
 @dataclass
 class ReinforceConfig(ActorCriticConfig):
+    num_steps: int = option(200, AT_LEAST_ONE)
     learning_rate: float = option(3e-3, POSITIVE)
     baseline: bool = True
 
