@@ -92,3 +92,38 @@ def test_a_bad_tile_is_an_error(tile):
     ctx, bounds, out = _attention(None)
     with pytest.raises(ValueError, match="tile must be a positive number of rows"):
         ctx.compile(bounds, [out], backend="numpy", tile=tile)
+
+
+def _stores():
+    from tempo.runtime.backends import NumpyBackend
+    from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, WindowStore
+    stats = MemoryStats()
+    return {"point": PointStore(NumpyBackend(), stats, lambda sizes: np.zeros((*sizes, 2), np.float32)),
+            "block": BlockStore(stats, 6, (2,), "float32", rows=8),
+            "window": WindowStore(stats, 6, (2,), "float32", capacity=3)}
+
+
+@pytest.mark.parametrize("kind", ["point", "block", "window"])
+def test_a_padded_read_delivers_its_points_then_padding(kind):
+    """``x[0:t+1]`` padded to 4 rows (``slice(start, stop, rows)``) at ``t = 1``: the two
+    points, then two rows the readers mask (zeros in a fresh store)."""
+    store = _stores()[kind]
+    for k in range(2):
+        store.write((k,), np.full(2, k + 1.0, np.float32))
+    got = np.asarray(store.read((slice(0, 2, 4),)))
+    assert got.shape == (4, 2)
+    np.testing.assert_array_equal(got[:2], [[1.0, 1.0], [2.0, 2.0]])
+    assert np.isfinite(got).all()
+
+
+def test_mask_rows_keeps_the_first_rows_of_its_axis():
+    import jax.numpy as jnp
+
+    from tempo.ir.ops import op_def
+    x = np.arange(24, dtype=np.float32).reshape(2, 4, 3)
+    kernel = op_def("mask_rows").kernel
+    for xp in (np, jnp):
+        got = np.asarray(kernel(xp, {"axis": -2, "fill": -np.inf}, xp.asarray(x), np.int32(3)))
+        expected = x.copy()
+        expected[:, 3:, :] = -np.inf
+        np.testing.assert_array_equal(got, expected)
