@@ -97,9 +97,10 @@ class ReferenceEvaluator:
         if op.kind == "merge":
             taken = next((e for e in edges if e.cond.evaluate(env)), None)
             if taken is None:
+                fix = op.params.get("undefined", "add a branch (e.g. a base case)")
                 raise UndefinedPointError(
                     f"{op.name} is not defined at {_fmt_point(op, point)}: no branch condition "
-                    f"holds there; add a branch (e.g. a base case)", op.site)
+                    f"holds there; {fix}", op.site)
             edges = [taken]
         if op.kind == "sum_readers":
             (edge,) = edges

@@ -250,6 +250,36 @@ def test_missing_bound_is_named():
         evaluate(ctx, {}, [y])
 
 
+def test_an_index_of_a_later_dim_in_an_earlier_place_says_how_to_write_it():
+    """``G[t+1]`` of a ``(b, i, t)`` tensor would read ``G[t+1, i, t]``: an error that names
+    the dim it was applied to and the index meant, at the user's line."""
+    ctx = tp.Context(dims=("b", "i", "t"))
+    b, i, t = ctx.dims
+    with ctx:
+        g = tp.placeholder(shape=(), dtype="float32", domain=(b, i, t))
+        with pytest.raises(tp.DomainError) as info:
+            g[t + 1]  # the mistake
+        assert g[b, i, t + 1].domain == (b, i, t)  # the fix
+        assert g[0].domain == (i, t) and g[b - 1].domain == (b, i, t)  # indices of b itself are fine
+    message = str(info.value)
+    assert "applies (t + 1) to dim b" in message and "[b, i, (t + 1)]" in message
+    assert info.value.site.filename == __file__ and "g[t + 1]  # the mistake" in info.value.site.line
+
+
+def test_a_parameter_read_past_its_updates_says_an_optimizer_step_defines_it():
+    """Parameters over ``i`` without an optimizer step exist at ``i = 0`` only."""
+    from tempo.api import nn
+    ctx = tp.Context(dims=("i",))
+    (i,), (I,) = ctx.dims, ctx.bounds
+    with ctx:
+        layer = nn.Linear(3, 2, domain=(i,))
+        y = layer(tp.const(np.ones(3, np.float32))).sum()
+    with pytest.raises(tp.UndefinedPointError, match=r"weight#\d+ is needed at \(i=1\).*optimizer step"):
+        ctx.compile({I: 3}, [y], backend="numpy")
+    with pytest.raises(tp.UndefinedPointError, match="optimizer step"):
+        evaluate(ctx, {I: 3}, [y])
+
+
 def test_missing_bound_error_points_at_the_user_code():
     """A bound missing at compile time is reported with the user's source line
     (docs/programming-model.md, "Errors")."""

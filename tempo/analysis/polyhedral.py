@@ -288,9 +288,10 @@ def check_branches(poly: Polyhedral, needed: isl.UnionSet) -> None:
         covered = _union_sets(poly.condition_set(op, e.cond) for e in poly.graph.in_edges(op))
         missing = needed.intersect(poly.box(op)).subtract(covered)
         if not missing.is_empty():
+            fix = op.params.get("undefined", "add a branch (e.g. a base case)")
             raise UndefinedPointError(
                 f"{op.name} is needed at {_fmt(op, _sample(missing))} but no branch defines "
-                f"it there; add a branch (e.g. a base case)", op.site)
+                f"it there; {fix}", op.site)
 
 
 def check_requirements(poly: Polyhedral, needed: isl.UnionSet) -> None:

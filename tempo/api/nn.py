@@ -79,8 +79,11 @@ class Parameter:
         if not dims:
             self.value = self.initial
         else:
-            value = ctx.add_op("merge", [], {"out_type": self.initial.type}, domain=dims,
-                               phis=[], label=name)
+            hint = (f"a parameter is defined at {dims[0].name} = 0 by its initial value and at "
+                    f"{dims[0].name}+1 by an optimizer step (optim.Adam(params, ...).step(), after "
+                    "loss.backward()): is the step missing, or does a read go past the last one?")
+            value = ctx.add_op("merge", [], {"out_type": self.initial.type, "undefined": hint},
+                               domain=dims, phis=[], label=name)
             self.value = RecurrentTensor(ctx, value)
             self.value[(0,) * len(dims)] = self.initial
         ctx.leaves.add(self.value.op.id)

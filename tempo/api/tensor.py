@@ -258,6 +258,7 @@ class RecurrentTensor:
         phi = list(self.domain)
         for k, entry in enumerate(entries):
             phi[k] = _temporal_entry(self.ctx, entry, self.domain[k])
+        self._check_index_order(phi, len(entries))
         if all(e is d for e, d in zip(phi, self.domain)):
             return self
         domain = self.ctx.ordered(s for e in phi for s in e.symbols() if s in self.ctx.bound_of)
@@ -268,6 +269,29 @@ class RecurrentTensor:
         op.requires = tuple((e.start <= e.stop, f"temporal slice {e} ends before it starts")
                             for e in phi if isinstance(e, Slice) and not (e.start <= e.stop).is_const)
         return RecurrentTensor(self.ctx, op)
+
+    def _check_index_order(self, phi: list[IndexEntry], given: int) -> None:
+        """Indices name the dims in order: an index of dim ``b`` written over a later dim
+        the index leaves out (``G[t+1]`` of a ``(b, i, t)`` tensor reads ``G[t+1, i, t]``)
+        is almost surely meant for that dim, and is an error saying how to write it."""
+        unindexed = set(self.domain[given:])
+        suggestion = list(self.domain)
+        misplaced = []
+        for k in range(given):
+            symbols = phi[k].symbols()
+            later = [d for d in self.domain[k + 1:] if d in symbols and d in unindexed]
+            if self.domain[k] in symbols or not later:
+                suggestion[k] = phi[k]
+                continue
+            misplaced.append(k)
+            suggestion[self.domain.index(later[0])] = phi[k]
+        if misplaced:
+            k = misplaced[0]
+            written = ", ".join(map(str, phi[:given]))
+            raise DomainError(
+                f"{self.op.name}[{written}] applies {phi[k]} to dim {self.domain[k].name} of "
+                f"{self.op.name}, whose dims are ({_names(self.domain)}): indices name the dims in "
+                f"order; write {self.op.name}[{', '.join(map(str, suggestion))}]", user_site())
 
     def _index_spatial(self, entries: Sequence[Any]) -> RecurrentTensor:
         out, dim = self, 0

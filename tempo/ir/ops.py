@@ -534,8 +534,9 @@ register("traced_udf", lambda *inputs, out_types, **_: tuple(out_types), _traced
          multi_output=True)
 
 # A MergeOp has no kernel: the runtime moves the input of the first branch whose
-# condition holds to its output.
-register("merge", lambda *branches, out_type: (out_type,), None, conditional_inputs=True)
+# condition holds to its output. ``undefined`` (optional): what to tell a user whose
+# program needs a point no branch defines (a parameter: the optimizer step).
+register("merge", lambda *branches, out_type, undefined=None: (out_type,), None, conditional_inputs=True)
 # A reader sum (autodiff's transpose of an edge) has no kernel either: at each point it
 # sums the gradient slices of every sink point that read it (see ``tempo.ir.readers``).
 register("sum_readers", lambda *inputs, out_type, **_: (out_type,), None, conditional_inputs=True)
