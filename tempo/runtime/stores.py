@@ -174,10 +174,13 @@ class PointStore:
             return self.data[index]
         sizes = padded_sizes(index)
         rows = iter(sizes)
-        points = [range(i.start, i.start + next(rows)) if isinstance(i, slice) else (i,) for i in index]
-        stops = [i.stop if isinstance(i, slice) else i + 1 for i in index]
-        values = [self.data[p] if all(c < stop for c, stop in zip(p, stops)) else None
-                  for p in itertools.product(*points)]
+        points = itertools.product(*(range(i.start, i.start + next(rows)) if isinstance(i, slice) else (i,)
+                                     for i in index))
+        if any(isinstance(i, slice) and i.step is not None for i in index):  # padded: rows past the points
+            stops = [i.stop if isinstance(i, slice) else i + 1 for i in index]
+            values = [self.data[p] if all(c < stop for c, stop in zip(p, stops)) else None for p in points]
+        else:
+            values = [self.data[p] for p in points]
         present = next((v for v in values if v is not None), None)
         if present is None:
             return self.empty(sizes)
