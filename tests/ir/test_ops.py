@@ -5,6 +5,7 @@ import pytest
 
 import tempo as tp
 from tempo.ir.ops import op_def
+from tempo.passes import PIPELINE
 from tempo.reference import evaluate
 from tempo.symbolic.expr import Symbol, minimum
 
@@ -111,3 +112,75 @@ def test_batched_point_ops_match_their_kernel_point_by_point(kind, params):
     expected = np.stack([definition.kernel(params, {T: 9, i: 4, t: int(v)}) for v in ts])
     assert batched.dtype == expected.dtype
     np.testing.assert_array_equal(batched, expected)
+
+
+STEP_CASES = {
+    "argmax_step": lambda a, i, t: a.argmax(-1),
+    "compare_step": lambda a, i, t: tp.where((a < 0.2) | (a <= -0.5) & (a != 1.0), a, -a),
+    "mod_floordiv_step": lambda a, i, t: a % 0.7 + a // 0.7,
+    "slice_step": lambda a, i, t: a[i, t, :, 1:],
+    "take_step": lambda a, i, t: a[i, t, 1] * 2.0,
+}
+"""Ops on a per-step value that the cases above cannot show there (their spatial indices
+would name the temporal dims of such a value)."""
+
+
+def _per_step_case(name: str):
+    """Case ``name`` on inputs that vary with the point of ``(i, t)``, read over every step:
+    the context, the output and its bounds."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I_, T_) = ctx.dims, ctx.bounds
+    with ctx:
+        scale = 1.0 + 0.25 * tp.symbol_value(t).astype("float32") + 0.5 * tp.symbol_value(i).astype("float32")
+        try:
+            if name in STEP_CASES:
+                out = STEP_CASES[name](tp.const(A) * scale, i, t)
+            else:
+                a, b, p = (tp.const(x) * scale for x in (A, B, P))
+                out = CASES[name][0](a, b, p, tp.const(I))
+        except tp.TempoError:  # an index meant for a spatial dim now names a temporal one
+            return ctx, None, {}
+        read = out[i, 0:T_] if out.domain == (i, t) else None
+    return ctx, read, {I_: 2, T_: 3}
+
+
+PER_STEP = sorted(name for name in [*CASES, *STEP_CASES] if _per_step_case(name)[1] is not None)
+"""The cases whose output varies with the step: not those that read only the int table, nor
+those that index their input (on a value over ``(i, t)`` the index would name ``i``)."""
+UNVECTORIZED = [name for name, _ in PIPELINE if name != "vectorize"]
+
+
+@pytest.mark.parametrize("name", PER_STEP)
+def test_op_vectorized_over_steps_matches_its_looped_form(name):
+    """Each op, run once per step and, vectorized, once on all steps stacked: the same
+    values, and the reference evaluator's."""
+    ctx, read, bounds = _per_step_case(name)
+    stacked = ctx.compile(bounds, [read], backend="jax")
+    looped = ctx.compile(bounds, [read], backend="numpy", passes=UNVECTORIZED)
+    assert any(n.startswith("vectorize:") and not n.startswith("vectorize: 0 ") for n in stacked.report.notes)
+    ref = evaluate(ctx, bounds, [read])[read.key]
+    np.testing.assert_allclose(np.asarray(stacked.run()[read]), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(looped.run()[read]), ref, rtol=1e-5, atol=1e-5)
+
+
+NOT_VECTORIZED_HERE = {
+    "detach": "simplify removes it before vectorize sees it",
+    "scatter_take": "made by autodiff (tests/passes/test_vectorize.py differentiates through take)",
+    "scatter_gather": "made by autodiff (tests/passes/test_vectorize.py differentiates through gather)",
+    "pad": "made by autodiff as slice's gradient",
+    "argsort": "tests/passes/test_domains.py vectorizes an epoch's permutation",
+}
+
+
+def test_every_vectorization_rule_runs_in_a_case():
+    """Each op kind vectorize has a rule for appears in a per-step case above (or says why
+    not), so a rule cannot be added without one."""
+    from tempo.passes.vectorize import RULE_KINDS
+    kinds = set()
+    for name in PER_STEP:
+        ctx, _, _ = _per_step_case(name)
+        kinds |= {op.kind for op in ctx.graph.ops.values()}
+    missing = sorted(set(RULE_KINDS) - kinds - set(NOT_VECTORIZED_HERE))
+    assert not missing, f"vectorization rules no case exercises: {missing}"
+    stale = sorted(set(NOT_VECTORIZED_HERE) & kinds)
+    assert not stale, f"listed as not exercised here, but a case does: {stale}"
