@@ -23,7 +23,8 @@ def store_algorithm_defaults() -> None:
     from tempo_rl.algorithms import ALGORITHMS
     store = ConfigStore.instance()
     for name, (cls, _) in ALGORITHMS.items():
-        defaults = {f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)
+        instance = cls()
+        defaults = {f.name: getattr(instance, f.name) for f in dataclasses.fields(cls)
                     if f.name not in NETWORK_KEYS}
         node = {"name": name, **{k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}}
         store.store(group="algorithm", name=f"{name}_defaults", node=node)

@@ -66,9 +66,13 @@ def whole_window_reads(op: Op, edge: Edge, dim: Symbol, size: int,
         return None
     kept = sum(1 for lead in reads.lead if lead == "keep")
     first = kept + sum(1 for k, _ in reads.offsets[:n] if k is None)
-    offsets = tuple((None if k == at else k if k is None or k < at else k - 1, start)
-                    for k, start in reads.offsets)
+    offsets = tuple((None if k == at else shifted_position(k, at), start) for k, start in reads.offsets)
     return replace(reads, offsets=offsets, first=first)
+
+
+def shifted_position(k: int | None, removed: int) -> int | None:
+    """Position ``k`` of a domain once the dim at ``removed`` is gone (None: none)."""
+    return k if k is None or k < removed else k - 1
 
 
 def without_sink_dim(reads: ReaderSum, s: int, offsets: tuple, lead: tuple[str, ...]) -> ReaderSum:

@@ -46,6 +46,7 @@ from tempo.ir.readers import ReaderSum
 from tempo.passes.contract import (
     contracted_matmuls,
     input_type,
+    shifted_position,
     summed_reader_sum,
     sums_every_point,
     whole_window_reads,
@@ -173,17 +174,13 @@ def _reader_sum_rule(op: Op, edge: Edge, dim: Symbol, size: int,
         s = reads.sink_dims.index(dim)
         if dim not in edge.src.domain or reads.inverse[s] is not dim:
             return None
-        offsets = tuple((_shifted(k, at), start) for k, start in reads.offsets)
+        offsets = tuple((shifted_position(k, at), start) for k, start in reads.offsets)
         new = without_sink_dim(reads, s, offsets, ("keep",))
     else:  # readers without ``dim`` read all of it through a window: keep that axis whole
         new = whole_window_reads(op, edge, dim, size, bounds)
         if new is None:
             return None
     return Rule({**op.params, "reads": new, "out_type": stacked(op.params["out_type"], size, 0)}, (0,))
-
-
-def _shifted(k: int | None, removed: int) -> int | None:
-    return k if k is None or k < removed else k - 1
 
 
 def _summable(op: Op, edge: Edge, dim: Symbol, size: int, bounds: dict[Symbol, int]) -> bool:

@@ -35,7 +35,9 @@ import numpy as np
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import normalize_dim
 from tempo.ir.types import TensorType
+from tempo.passes.contract import input_type
 from tempo.passes.rewrite import identity_read, recomputed_needed
+from tempo.passes.vectorize import ELEMENTWISE
 from tempo.symbolic.expr import Expr, Slice, Symbol, compile_function, const
 
 if TYPE_CHECKING:
@@ -46,10 +48,6 @@ STATIC_ROWS = 1024
 MIN_TILE = 128
 MAX_SHAPES = 16
 
-_ELEMENTWISE = frozenset({
-    "neg", "exp", "log", "tanh", "sqrt", "abs", "sin", "cos", "not", "floor",
-    "add", "sub", "mul", "pow", "maximum", "minimum", "div",
-    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "where", "astype", "detach", "identity"})
 _KEEPS_ZERO = frozenset({"neg", "astype", "detach", "identity", "abs", "tanh", "sqrt"})
 """Elementwise ops that map a zero to a zero."""
 _FILL = {"reduce_sum": 0.0, "reduce_max": -np.inf, "reduce_min": np.inf, "reduce_prod": 1.0}
@@ -212,7 +210,7 @@ def _rule(op: Op, edges: list[Edge], axes: list[_Axis | None]) -> Rule:
     ranks = [len(e.src.outputs[e.src_out].shape) + len(e.slices) for e in edges]
     if len(op.outputs) != 1:
         return "has several outputs"
-    if op.kind in _ELEMENTWISE:
+    if op.kind in ELEMENTWISE:
         return _elementwise(op, edges, axes, ranks)
     if op.kind == "permute":
         (axis,), (rank,) = axes, ranks
@@ -315,14 +313,10 @@ def _masked(out: SDG, read: Edge, fill: float, at: int, region: _Region, counts:
         counts[(region.count, sink.domain)] = out.add_op(count)
         state.next_id += 1
     mask = Op(state.next_id, "mask_rows", {"axis": at, "fill": fill}, sink.domain,
-              (_input_type(read),), sink.site, "tile_mask")
+              (input_type(read),), sink.site, "tile_mask")
     state.next_id += 1
     out.add_op(mask)
     out.add_edge(Edge(mask, 0, read.src, read.src_out, read.phi, read.cond))
     out.add_edge(Edge(mask, 1, count, 0, count.domain))
     return Edge(sink, read.sink_in, mask, 0, mask.domain)
 
-
-def _input_type(edge: Edge) -> TensorType:
-    t = edge.src.outputs[edge.src_out]
-    return TensorType((*(edge.phi[k].size for k in edge.slices), *t.shape), t.dtype)

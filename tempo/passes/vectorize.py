@@ -63,13 +63,13 @@ from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, const
 if TYPE_CHECKING:
     from tempo.passes import PassState
 
-_ELEMENTWISE = frozenset({
+ELEMENTWISE = frozenset({  # ops applied entry by entry (broadcasting)
     "neg", "exp", "log", "tanh", "sqrt", "abs", "sin", "cos", "not", "floor",
     "add", "sub", "mul", "pow", "maximum", "minimum", "mod", "floordiv", "div",
     "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "where", "astype", "detach", "identity"})
 _ONE_DIM = frozenset({"cumsum", "discounted_sum", "argmax", "argsort", "squeeze", "slice", "pad"})
 _REDUCE = frozenset({"reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean"})
-RULE_KINDS = _ELEMENTWISE | _ONE_DIM | _REDUCE | {
+RULE_KINDS = ELEMENTWISE | _ONE_DIM | _REDUCE | {
     "matmul", "unsqueeze", "permute", "reshape", "expand", "cat", "stack",
     "take", "gather", "scatter_take", "scatter_gather"}
 
@@ -306,7 +306,7 @@ def _rule(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule 
     p, kind = op.params, op.kind
     ranks = [t.ndim for t in types]
     nothing = tuple(0 for _ in types)
-    if kind in _ELEMENTWISE:
+    if kind in ELEMENTWISE:
         if kind == "identity" and "out_type" in p:
             p = {**p, "out_type": stacked(p["out_type"], size, 0)}
         out = op.outputs[0].ndim
