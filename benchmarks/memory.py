@@ -20,7 +20,9 @@ Both read their hyperparameters from Tempo's config (``conf/algorithm/<alg>.yaml
 the learning rate set to ``--learning-rate`` (1e-3) for both. ``nstep-per-step`` is n-step
 with ``algorithm.normalize_advantages=false`` (for both systems): its loss is a sum of
 per-step terms, so ``memory=low``'s incremental schedule learns ``n`` steps behind acting and
-its memory does not grow with T; normalized advantages need the whole rollout first.
+its memory does not grow with T. With normalized advantages (``nstep``, the default) the
+same schedule splits each step's policy gradient into parts that need no statistics of
+the rollout (``tempo.passes.defer``): bounded too, for more work per step.
 Each (algorithm, system, T) runs in a fresh subprocess, which reports its peak RSS
 (``ru_maxrss``), compile time and each iteration's time; the tables give the median time
 per iteration after the warm-up one, and Tempo's RSS and time over the JAX row's at the
@@ -52,8 +54,8 @@ from benchmarks.common import fmt, ratio, render, report_result, run_worker  # n
 ALGORITHMS = ("nstep", "nstep-per-step", "reinforce")
 VARIANTS = {"nstep-per-step": ("nstep", ("algorithm.normalize_advantages=false",))}
 """Algorithms run with overrides of their config: ``nstep-per-step`` is n-step whose loss
-is a sum of per-step terms (advantages not normalized over the rollout), the form whose
-learning can trail acting by ``n`` steps (``memory=low``'s incremental schedule)."""
+is a sum of per-step terms (advantages not normalized over the rollout), whose learning
+trails acting by ``n`` steps under ``memory=low`` without splitting its gradients."""
 SYSTEMS = ("tempo-default", "tempo-low", "jax")
 """``tempo-<policy>``: Tempo with ``memory=<policy>`` (``conf/memory/<policy>.yaml``)."""
 OBS_SHAPE = (3, 64, 64)

@@ -99,7 +99,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
         return _within_budget(job, passes, report, policy.budget_mb)
     if policy.schedule == SMALLEST:
         return _smallest(job, passes, report)
-    return job.compile(_passes_of(policy.schedule, passes), report)
+    return job.compile(_passes_of(policy.schedule, passes), report, policy.schedule == "incremental")
 
 
 @dataclass
@@ -119,13 +119,15 @@ class _Job:
     tile: int | None
     stage: Callable[..., None]
 
-    def compile(self, passes: Collection[str] | None, report: CompileReport) -> Executable:
-        """Optimize with ``passes`` (all when None), schedule and prepare the program."""
+    def compile(self, passes: Collection[str] | None, report: CompileReport,
+                bounded: bool = False) -> Executable:
+        """Optimize with ``passes`` (all when None), schedule and prepare the program;
+        ``bounded``: for a schedule that keeps memory bounded (``PassState.bounded``)."""
         ctx, runtime, policy, stage = self.ctx, self.runtime, self.policy, self.stage
         for enabled in _pipelines_to_try(passes):
             state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
                               next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel, tile=self.tile,
-                              shapes_compiled=runtime.name == "jax")
+                              shapes_compiled=runtime.name == "jax", bounded=bounded)
             optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
             try:
                 donors = donation_candidates(optimized, self.bounds, self.kept, policy.donate_min_bytes) \
@@ -169,7 +171,7 @@ def _candidates(job: _Job, passes: Collection[str] | None) -> Iterator[_Candidat
     stored points (device and host)."""
     for schedule in SCHEDULES:
         attempt = CompileReport()
-        exe = job.compile(_passes_of(schedule, passes), attempt)
+        exe = job.compile(_passes_of(schedule, passes), attempt, schedule == "incremental")
         footprint = exe.predicted_footprint()
         yield _Candidate(schedule, exe, attempt, (footprint.device.peak + footprint.host.peak) / 2**20)
 

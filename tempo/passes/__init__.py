@@ -16,6 +16,7 @@ from tempo.ir.graph import SDG
 from tempo.passes.accumulate import accumulate_sums
 from tempo.passes.copies import propagate_copies
 from tempo.passes.dedup import merge_duplicates
+from tempo.passes.defer import defer_statistics
 from tempo.passes.domains import reduce_domains
 from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
@@ -41,6 +42,9 @@ class PassState:
     """The dims declared parallel (``tp.Context(parallel=...)``)."""
     tile: int | None = None
     """Rows per tile of a padded varying-length read (None: ``tempo.passes.tile`` picks)."""
+    bounded: bool = False
+    """The schedule keeps memory bounded where the program allows it (the incremental
+    one): passes may spend computation on it (``tempo.passes.defer``)."""
     shapes_compiled: bool = False
     """The backend compiles a program per shape (JAX): varying-length reads are worth
     padding to a few lengths."""
@@ -59,6 +63,7 @@ def fusion(graph: SDG, state: PassState) -> SDG:
 
 
 PIPELINE: list[tuple[str, Pass]] = [
+    ("defer", defer_statistics),     # statistics scale per-step gradients' sums (tempo.passes.defer)
     ("fold", fold_constants),        # constant expressions computed once (tempo.passes.fold)
     ("simplify", simplify_algebra),  # ops that return their operand go (tempo.passes.simplify)
     ("dedup", merge_duplicates),     # duplicate ops merged (tempo.passes.dedup)

@@ -78,12 +78,15 @@ RULE_KINDS = ELEMENTWISE | _ONE_DIM | _REDUCE | {
 class Rule:
     """How an op is vectorized: its params, and the unit dims each row read gains after
     the leading one; ``kind`` and ``inputs`` when it becomes another op reading fewer
-    inputs (a row ``t`` of a stacked value is, stacked, that value)."""
+    inputs (a row ``t`` of a stacked value is, stacked, that value); ``broadcast``: the
+    inputs read the same at every step that are expanded to the stacked shape first (a
+    shared value gathered at per-step indices)."""
 
     params: dict[str, Any]
     pads: tuple[int, ...]
     kind: str | None = None
     inputs: int | None = None
+    broadcast: tuple[int, ...] = ()
 
 
 def vectorize_innermost_dim(graph: SDG, state: PassState) -> SDG:
@@ -285,7 +288,8 @@ def checked_rule(op: Op, edges: list[Edge], rows: list[bool], size: int) -> Rule
     if rule is None:
         return None
     params, pads = rule.params, rule.pads
-    inputs = [stacked(t, size, pads[k]) if rows[k] else t for k, t in enumerate(types)]
+    inputs = [stacked(t, size, pads[k]) if rows[k] or k in rule.broadcast else t
+              for k, t in enumerate(types)]
     try:
         outputs = op.definition.infer(*inputs, **params)
     except (ShapeError, TypeError, ValueError):
@@ -343,9 +347,11 @@ def _rule(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule 
     elif kind in ("take", "scatter_take"):
         params = shift() if rows == [True, False] else None
     elif kind in ("gather", "scatter_gather"):
-        params = shift() if rows == [True, True] else None
+        params = shift() if rows[1] else None
         if params is not None and kind == "scatter_gather":
             params["shape"] = (const(size), *p["shape"])
+        if params is not None and not rows[0]:  # a shared value at per-step indices
+            return Rule(params, nothing, broadcast=(0,))
     else:
         return None
     if params is None or not rows[0]:
@@ -382,7 +388,7 @@ class StackingRewriter:
         for op in self.graph.ops.values():
             rule = self.rules.get(op.id)
             reads = self.graph.in_edges(op)
-            edges = [self._edge(e) for e in reads[:rule.inputs if rule else None]]
+            edges = [self._broadcast(self._edge(e), e) for e in reads[:rule.inputs if rule else None]]
             self.out.add_op(self.ops[op.id])
             for edge in edges:
                 self.out.add_edge(edge)
@@ -396,6 +402,13 @@ class StackingRewriter:
 
     def _add(self, op: Op, inputs: list[Edge]) -> Op:
         return add_with_inputs(self.out, op, inputs)
+
+    def _broadcast(self, edge: Edge, original: Edge) -> Edge:
+        """``edge`` expanded to the stacked shape where the sink's rule says so."""
+        rule = self.rules.get(original.sink.id)
+        if rule is None or original.sink_in not in rule.broadcast:
+            return edge
+        return self._through(edge, "expand", {"shape": (const(self.size), *input_type(edge).shape)})
 
     def _new_id(self) -> int:
         self.next_id += 1

@@ -120,6 +120,8 @@ STEP_CASES = {
     "mod_floordiv_step": lambda a, i, t: a % 0.7 + a // 0.7,
     "slice_step": lambda a, i, t: a[i, t, :, 1:],
     "take_step": lambda a, i, t: a[i, t, 1] * 2.0,
+    "gather_shared_step": lambda a, i, t: tp.const(A).gather((tp.const(I) + (a > 0).astype("int32")) % 3,
+                                                             dim=1),  # a shared table, per-step indices
 }
 """Ops on a per-step value that the cases above cannot show there (their spatial indices
 would name the temporal dims of such a value)."""
