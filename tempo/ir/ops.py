@@ -45,6 +45,23 @@ class OpDef:
     """For host ops without inputs whose value is a function of the point (symbol values,
     coordinates): ``batched(params, point, count)`` computes ``count`` points at once,
     each coordinate in ``point`` an array, and returns them stacked on a first axis."""
+    # What the passes need to know of an op (each pass derives its sets of kinds from these):
+    elementwise: bool = False
+    """Applied entry by entry, its inputs broadcast against each other."""
+    reduction: bool = False
+    """Reduces its input over the axes ``dims`` (kept with size 1 under ``keepdims``)."""
+    along_dim: bool = False
+    """Works along the one axis ``dim`` of its first input; every other axis is a batch axis."""
+    linear: tuple[int, ...] = ()
+    """The inputs its value is linear in, with the other inputs held fixed: each on its own
+    (``mul``), or all together where the op is ``additive``."""
+    additive: bool = False
+    """Its value is a sum of one term per input of ``linear`` (``add``; ``where``'s branches)."""
+    keeps_zero: bool = False
+    """Elementwise with one operand, and 0 where that operand is 0."""
+    pure: bool = True
+    """Its value is a function of its inputs, params and point (a UDF's host code may keep
+    state; a random draw is keyed by its point, so it is pure)."""
 
 
 OPS: dict[str, OpDef] = {}
@@ -53,6 +70,11 @@ OPS: dict[str, OpDef] = {}
 def register(name: str, infer: InferRule, kernel: Kernel | None, **flags: Any) -> OpDef:
     OPS[name] = OpDef(name, infer, kernel, **flags)
     return OPS[name]
+
+
+def kinds_with(trait: str) -> frozenset[str]:
+    """The kinds of the ops registered so far that have ``trait`` (an ``OpDef`` field) set."""
+    return frozenset(name for name, d in OPS.items() if getattr(d, trait))
 
 
 def op_def(name: str) -> OpDef:
@@ -115,8 +137,10 @@ def _same(t: TensorType, **_: Any) -> tuple[TensorType, ...]:
 # ---- elementwise ----------------------------------------------------------------------
 _UNARY = {"neg": "negative", "exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt",
           "abs": "abs", "sin": "sin", "cos": "cos", "not": "logical_not", "floor": "floor"}
+_KEEPS_ZERO = frozenset({"neg", "tanh", "sqrt", "abs", "sin", "floor"})
 for _name, _fn in _UNARY.items():
-    register(_name, _same, (lambda fn: lambda xp, p, x: getattr(xp, fn)(x))(_fn))
+    register(_name, _same, (lambda fn: lambda xp, p, x: getattr(xp, fn)(x))(_fn), elementwise=True,
+             keeps_zero=_name in _KEEPS_ZERO, linear=(0,) if _name == "neg" else ())
 
 _ARITH = {"add": "add", "sub": "subtract", "mul": "multiply", "pow": "power",
           "maximum": "maximum", "minimum": "minimum", "mod": "mod", "floordiv": "floor_divide"}
@@ -130,10 +154,11 @@ def _infer_binary(a: TensorType, b: TensorType, *, out_dtype: str | None = None)
 
 for _name, _fn in _ARITH.items():
     register(_name, _infer_binary,
-             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn))
+             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn), elementwise=True,
+             linear=(0, 1) if _name in ("add", "sub", "mul") else (), additive=_name in ("add", "sub"))
 for _name, _fn in _COMPARE.items():
     register(_name, lambda a, b: _infer_binary(a, b, out_dtype="bool"),
-             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn))
+             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn), elementwise=True)
 
 
 def _infer_div(a: TensorType, b: TensorType) -> tuple[TensorType]:
@@ -147,7 +172,7 @@ def _div(xp: Any, p: dict, a: Any, b: Any) -> Any:
     return xp.true_divide(a.astype(dtype), b.astype(dtype))
 
 
-register("div", _infer_div, _div)
+register("div", _infer_div, _div, elementwise=True, linear=(0,))
 
 
 def _infer_where(c: TensorType, a: TensorType, b: TensorType) -> tuple[TensorType]:
@@ -156,9 +181,10 @@ def _infer_where(c: TensorType, a: TensorType, b: TensorType) -> tuple[TensorTyp
     return (TensorType(broadcast_shapes(c.shape, a.shape, b.shape), result_dtype(a.dtype, b.dtype)),)
 
 
-register("where", _infer_where, lambda xp, p, c, a, b: xp.where(c, *_promote(a, b)))
+register("where", _infer_where, lambda xp, p, c, a, b: xp.where(c, *_promote(a, b)), elementwise=True,
+         linear=(1, 2), additive=True)
 register("astype", lambda x, dtype: (TensorType(x.shape, dtype),),
-         lambda xp, p, x: x.astype(p["dtype"]))
+         lambda xp, p, x: x.astype(p["dtype"]), elementwise=True, linear=(0,), keeps_zero=True)
 
 
 # ---- matmul -----------------------------------------------------------------------------
@@ -176,7 +202,7 @@ def _infer_matmul(a: TensorType, b: TensorType) -> tuple[TensorType]:
     return (TensorType((*batch, *rows, *cols), result_dtype(a.dtype, b.dtype)),)
 
 
-register("matmul", _infer_matmul, lambda xp, p, a, b: xp.matmul(*_promote(a, b)))
+register("matmul", _infer_matmul, lambda xp, p, a, b: xp.matmul(*_promote(a, b)), linear=(0, 1))
 
 
 # ---- reductions and scans -------------------------------------------------------------
@@ -191,7 +217,8 @@ def _infer_reduce(x: TensorType, dims: tuple[int, ...], keepdims: bool,
 _REDUCE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min"}
 for _name, _fn in _REDUCE.items():
     register(f"reduce_{_name}", _infer_reduce,
-             (lambda fn: lambda xp, p, x: getattr(xp, fn)(x, axis=p["dims"], keepdims=p["keepdims"]))(_fn))
+             (lambda fn: lambda xp, p, x: getattr(xp, fn)(x, axis=p["dims"], keepdims=p["keepdims"]))(_fn),
+             reduction=True, linear=(0,) if _name == "sum" else ())
 
 
 def _infer_mean(x: TensorType, dims: tuple[int, ...], keepdims: bool) -> tuple[TensorType]:
@@ -201,7 +228,7 @@ def _infer_mean(x: TensorType, dims: tuple[int, ...], keepdims: bool) -> tuple[T
 
 register("reduce_mean", _infer_mean,
          lambda xp, p, x: xp.mean(x, axis=p["dims"], keepdims=p["keepdims"]).astype(
-             x.dtype if x.dtype.kind == "f" else "float32"))
+             x.dtype if x.dtype.kind == "f" else "float32"), reduction=True, linear=(0,))
 
 
 def _infer_scan(x: TensorType, dim: int, **_: Any) -> tuple[TensorType]:
@@ -209,7 +236,8 @@ def _infer_scan(x: TensorType, dim: int, **_: Any) -> tuple[TensorType]:
     return (x,)
 
 
-register("cumsum", _infer_scan, lambda xp, p, x: xp.cumsum(x, axis=p["dim"]).astype(x.dtype))
+register("cumsum", _infer_scan, lambda xp, p, x: xp.cumsum(x, axis=p["dim"]).astype(x.dtype), along_dim=True,
+         linear=(0,))
 
 
 def _infer_discounted_sum(x: TensorType, dim: int, gamma: float) -> tuple[TensorType]:
@@ -223,7 +251,7 @@ def _discounted_sum(xp: Any, p: dict, x: Any) -> Any:
     return xp.tensordot(weights, xp.moveaxis(x, dim, 0), axes=1).astype(x.dtype)
 
 
-register("discounted_sum", _infer_discounted_sum, _discounted_sum)
+register("discounted_sum", _infer_discounted_sum, _discounted_sum, along_dim=True, linear=(0,))
 
 
 # ---- layout ---------------------------------------------------------------------------
@@ -241,7 +269,7 @@ def _infer_reshape(x: TensorType, shape: Shape) -> tuple[TensorType]:
     return (TensorType(shape, x.dtype),)
 
 
-register("reshape", _infer_reshape, lambda xp, p, x: xp.reshape(x, p["shape"]))
+register("reshape", _infer_reshape, lambda xp, p, x: xp.reshape(x, p["shape"]), linear=(0,))
 
 
 def _infer_permute(x: TensorType, dims: tuple[int, ...]) -> tuple[TensorType]:
@@ -250,7 +278,7 @@ def _infer_permute(x: TensorType, dims: tuple[int, ...]) -> tuple[TensorType]:
     return (TensorType(tuple(x.shape[d] for d in dims), x.dtype),)
 
 
-register("permute", _infer_permute, lambda xp, p, x: xp.transpose(x, p["dims"]))
+register("permute", _infer_permute, lambda xp, p, x: xp.transpose(x, p["dims"]), linear=(0,))
 
 
 def _infer_expand(x: TensorType, shape: Shape) -> tuple[TensorType]:
@@ -262,7 +290,7 @@ def _infer_expand(x: TensorType, shape: Shape) -> tuple[TensorType]:
     return (TensorType(shape, x.dtype),)
 
 
-register("expand", _infer_expand, lambda xp, p, x: xp.broadcast_to(x, p["shape"]))
+register("expand", _infer_expand, lambda xp, p, x: xp.broadcast_to(x, p["shape"]), linear=(0,))
 
 
 def _infer_squeeze(x: TensorType, dim: int) -> tuple[TensorType]:
@@ -272,7 +300,8 @@ def _infer_squeeze(x: TensorType, dim: int) -> tuple[TensorType]:
     return (TensorType(x.shape[:dim] + x.shape[dim + 1:], x.dtype),)
 
 
-register("squeeze", _infer_squeeze, lambda xp, p, x: xp.squeeze(x, axis=p["dim"]))
+register("squeeze", _infer_squeeze, lambda xp, p, x: xp.squeeze(x, axis=p["dim"]), along_dim=True,
+         linear=(0,))
 
 
 def _infer_unsqueeze(x: TensorType, dim: int) -> tuple[TensorType]:
@@ -280,7 +309,7 @@ def _infer_unsqueeze(x: TensorType, dim: int) -> tuple[TensorType]:
     return (TensorType(x.shape[:dim] + (const(1),) + x.shape[dim:], x.dtype),)
 
 
-register("unsqueeze", _infer_unsqueeze, lambda xp, p, x: xp.expand_dims(x, p["dim"]))
+register("unsqueeze", _infer_unsqueeze, lambda xp, p, x: xp.expand_dims(x, p["dim"]), linear=(0,))
 
 
 def _infer_cat(*xs: TensorType, dim: int) -> tuple[TensorType]:
@@ -330,7 +359,7 @@ def _slice(xp: Any, p: dict, x: Any) -> Any:
     return x[tuple(index)]
 
 
-register("slice", _infer_slice, _slice)
+register("slice", _infer_slice, _slice, along_dim=True, linear=(0,))
 
 
 def _infer_take(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
@@ -343,7 +372,7 @@ def _infer_take(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
 # Tensor-valued indices are data: they cannot be checked before running, and a jitted
 # kernel cannot raise, so both backends clamp them into range (symbolic and constant
 # indices are checked at compile time and at definition).
-register("take", _infer_take, lambda xp, p, x, idx: xp.take(x, idx, axis=p["dim"], mode="clip"))
+register("take", _infer_take, lambda xp, p, x, idx: xp.take(x, idx, axis=p["dim"], mode="clip"), linear=(0,))
 
 
 def _infer_take_along(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
@@ -355,7 +384,7 @@ def _infer_take_along(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorT
 
 register("gather", _infer_take_along,
          lambda xp, p, x, idx: xp.take_along_axis(x, xp.clip(idx, 0, x.shape[p["dim"]] - 1),
-                                                  axis=p["dim"]))
+                                                  axis=p["dim"]), linear=(0,))
 
 
 def _infer_pad(x: TensorType, dim: int, before: Expr, after: Expr) -> tuple[TensorType]:
@@ -370,7 +399,7 @@ def _pad(xp: Any, p: dict, x: Any) -> Any:
     return xp.pad(x, widths)
 
 
-register("pad", _infer_pad, _pad)  # zeros before and after along ``dim``
+register("pad", _infer_pad, _pad, along_dim=True, linear=(0,))  # zeros before and after along ``dim``
 
 
 def _infer_argmax(x: TensorType, dim: int) -> tuple[TensorType]:
@@ -378,7 +407,7 @@ def _infer_argmax(x: TensorType, dim: int) -> tuple[TensorType]:
 
 
 register("argmax", _infer_argmax,
-         lambda xp, p, x: xp.argmax(x, axis=p["dim"]).astype("int32"))
+         lambda xp, p, x: xp.argmax(x, axis=p["dim"]).astype("int32"), along_dim=True)
 
 
 def _infer_argsort(x: TensorType, dim: int) -> tuple[TensorType]:
@@ -387,7 +416,7 @@ def _infer_argsort(x: TensorType, dim: int) -> tuple[TensorType]:
 
 
 register("argsort", _infer_argsort,
-         lambda xp, p, x: xp.argsort(x, axis=p["dim"], stable=True).astype("int32"))
+         lambda xp, p, x: xp.argsort(x, axis=p["dim"], stable=True).astype("int32"), along_dim=True)
 
 
 def _infer_scatter_take(g: TensorType, idx: TensorType, dim: int, size: Expr) -> tuple[TensorType]:
@@ -407,7 +436,7 @@ def _scatter_take(xp: Any, p: dict, g: Any, idx: Any) -> Any:
     return xp.zeros(shape, g.dtype).at[where].add(g)
 
 
-register("scatter_take", _infer_scatter_take, _scatter_take)
+register("scatter_take", _infer_scatter_take, _scatter_take, linear=(0,))
 
 
 def _infer_scatter_gather(g: TensorType, idx: TensorType, dim: int, shape: Shape) -> tuple[TensorType]:
@@ -424,16 +453,17 @@ def _scatter_gather(xp: Any, p: dict, g: Any, idx: Any) -> Any:
     return xp.broadcast_to(xp.moveaxis(out, -1, dim), tuple(p["shape"])).astype(g.dtype)
 
 
-register("scatter_gather", _infer_scatter_gather, _scatter_gather)
+register("scatter_gather", _infer_scatter_gather, _scatter_gather, linear=(0,))
 
 
 # ---- sources ----------------------------------------------------------------------------
 register("const", lambda value: (TensorType(value.shape, value.dtype.name),),
          lambda xp, p: xp.asarray(p["value"]))
 # Reads its input through the edge's dependence (points or stacked slices) unchanged.
-register("identity", lambda x, out_type=None: (out_type or x,), lambda xp, p, x: x)
+register("identity", lambda x, out_type=None: (out_type or x,), lambda xp, p, x: x, elementwise=True,
+         linear=(0,), keeps_zero=True)
 # The value unchanged; gradients do not flow through it.
-register("detach", _same, lambda xp, p, x: x)
+register("detach", _same, lambda xp, p, x: x, elementwise=True, linear=(0,), keeps_zero=True)
 register("arange", lambda size, dtype: (TensorType((as_expr(size),), dtype),),
          lambda xp, p: xp.arange(p["size"], dtype=p["dtype"]))
 
@@ -522,7 +552,8 @@ def _udf(p: dict, point: dict, *inputs: Any) -> Any:
     return p["call"](point, *inputs)
 
 
-register("udf", lambda *inputs, out_types, **_: tuple(out_types), _udf, host=True, multi_output=True)
+register("udf", lambda *inputs, out_types, **_: tuple(out_types), _udf, host=True, multi_output=True,
+         pure=False)
 
 
 def _traced_udf(xp: Any, p: dict, *inputs: Any) -> tuple:
@@ -531,7 +562,7 @@ def _traced_udf(xp: Any, p: dict, *inputs: Any) -> tuple:
 
 
 register("traced_udf", lambda *inputs, out_types, **_: tuple(out_types), _traced_udf,
-         multi_output=True)
+         multi_output=True, pure=False)  # an env's step: not merged with another's
 
 # A MergeOp has no kernel: the runtime moves the input of the first branch whose
 # condition holds to its output. ``undefined`` (optional): what to tell a user whose
@@ -539,7 +570,8 @@ register("traced_udf", lambda *inputs, out_types, **_: tuple(out_types), _traced
 register("merge", lambda *branches, out_type, undefined=None: (out_type,), None, conditional_inputs=True)
 # A reader sum (autodiff's transpose of an edge) has no kernel either: at each point it
 # sums the gradient slices of every sink point that read it (see ``tempo.ir.readers``).
-register("sum_readers", lambda *inputs, out_type, **_: (out_type,), None, conditional_inputs=True)
+register("sum_readers", lambda *inputs, out_type, **_: (out_type,), None, conditional_inputs=True,
+         linear=(0,))
 
 
 

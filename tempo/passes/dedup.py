@@ -29,12 +29,6 @@ from tempo.symbolic.expr import TRUE, Expr, Slice
 if TYPE_CHECKING:
     from tempo.passes import PassState
 
-_IMPURE = frozenset({"udf", "traced_udf"})
-"""Ops whose value is not a function of their inputs and params. (Random draws are:
-``tempo.ir.random``; two draws differ by their key.)"""
-_PURE_HOST = frozenset({"eval_symbol", "coords"})
-
-
 def merge_duplicates(graph: SDG, state: PassState) -> SDG:
     """``graph`` with duplicate ops merged (``state`` is the pipeline's ``PassState``)."""
     rep = _duplicates(graph, state.keep)
@@ -85,9 +79,10 @@ def _duplicates(graph: SDG, keep: set[int]) -> dict[int, int]:
 
 
 def _mergeable(op: Op) -> bool:
-    if op.kind in _IMPURE or op.when is not TRUE:
+    d = op.definition  # a host op is merged where it computes its point's values only
+    if not d.pure or op.when is not TRUE:
         return False
-    return not op.definition.host or op.kind in _PURE_HOST
+    return not d.host or d.batched is not None
 
 
 def _static_key(op: Op) -> tuple:

@@ -25,8 +25,8 @@ A cotangent qualifies when it is a ``sum_readers`` op that hands each point its 
 value ``g`` over fewer dims (the statistics' dims, ``(i,)``) read through a window of
 every point of the others, and ``g`` is, by elementwise ops, an affine function of one
 per-point value ``A`` read through that same window, with scalar coefficients that vary
-per point of the statistics' dims. Every op reading the chain must be linear in it (a
-table below), and reads along it must stay at the same point of the statistics' dims;
+per point of the statistics' dims. Every op reading the chain must be linear in it
+(``OpDef.linear``), and reads along it must stay at the same point of the statistics' dims;
 where anything else reads it, the program is left as it is.
 """
 
@@ -42,7 +42,7 @@ from tempo.ir.ops import op_def
 from tempo.ir.readers import ReaderSum
 from tempo.ir.types import TensorType
 from tempo.passes.contract import input_type
-from tempo.passes.rewrite import recomputed_needed, without_unreached
+from tempo.passes.rewrite import add_op, recomputed_needed, without_unreached
 from tempo.symbolic.expr import TRUE, IndexEntry, Slice, Symbol
 
 if TYPE_CHECKING:
@@ -52,10 +52,6 @@ PARTS = ("value", "ones", "rest")
 """The parts of a split cotangent: the per-point value ``A`` (scaled by ``alpha`` at the
 end), ones (scaled by ``beta``) and what joined the chain without the statistics."""
 
-_LINEAR_IN_FIRST = frozenset({  # linear in input 0; any other input (an index) is fixed
-    "neg", "identity", "detach", "reshape", "squeeze", "unsqueeze", "permute", "expand",
-    "reduce_sum", "reduce_mean", "cumsum", "discounted_sum", "slice", "pad", "take", "gather",
-    "scatter_take", "scatter_gather", "sum_readers"})
 _FLOAT = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 Term = tuple
@@ -374,14 +370,16 @@ class _Split:
         terms = []
         for part, scale in (("value", form.a), ("ones", form.c)):
             if part in copies and scale != ZERO:
-                terms.append(self._binary("mul", copies[part], self._scalar(scale, end), end))
+                terms.append(self._op("mul", {}, [copies[part], self._scalar(scale, end)], end))
         if "rest" in copies:
             terms.append(copies["rest"])
         if not terms:
             raise _NotLinear
         total = terms[0]
         for term in terms[1:]:
-            total = self._binary("add", total, term, end)
+            total = self._op("add", {}, [total, term], end)
+        if not _same_type(total.outputs[0], end.outputs[0]):
+            raise _NotLinear
         return total
 
     def _scalar(self, term: Term, at: Op) -> Op:
@@ -401,15 +399,10 @@ class _Split:
         self.terms[term] = op
         return op
 
-    def _binary(self, kind: str, a: Op, b: Op, at: Op) -> Op:
-        return self._op(kind, {}, [a, b], at, at.outputs[0])
-
-    def _op(self, kind: str, params: dict, inputs: list[Op], at: Op, out: TensorType | None = None) -> Op:
+    def _op(self, kind: str, params: dict, inputs: list[Op], at: Op) -> Op:
         """A new op over ``at``'s domain reading ``inputs`` at its points."""
-        (inferred,) = op_def(kind).infer(*(i.outputs[0] for i in inputs), **params)
-        op = Op(self._next_id(), kind, params, at.domain, (out or inferred,), at.site, "deferred")
-        edges = [Edge(op, k, i, 0, i.domain, TRUE) for k, i in enumerate(inputs)]
-        return self._add(op, edges, inferred)
+        edges = [Edge(at, k, i, 0, i.domain, TRUE) for k, i in enumerate(inputs)]
+        return add_op(self.out, self._next_id(), kind, params, at.domain, edges, at.site, "deferred")
 
     def _const(self, value: np.ndarray, at: Op) -> Op:
         op = Op(self._next_id(), "const", {"value": value}, (), (TensorType(value.shape, value.dtype.name),),
@@ -421,8 +414,7 @@ class _Split:
         """Add ``op`` reading ``inputs`` (sinks replaced), checking its type against ``expected``."""
         (inferred,) = op_def(op.kind).infer(*(input_type(e) for e in inputs), **op.params) \
             if op.kind not in ("sum_readers", "identity") else (expected,)
-        if inferred.dtype != expected.dtype or len(inferred.shape) != len(expected.shape) \
-                or any(x is not y for x, y in zip(inferred.shape, expected.shape)):
+        if not _same_type(inferred, expected):
             raise _NotLinear
         self.out.add_op(op)
         for k, e in enumerate(inputs):
@@ -434,23 +426,24 @@ class _Split:
         return self.state.next_id - 1
 
 
+def _same_type(a: TensorType, b: TensorType) -> bool:
+    return a.dtype == b.dtype and len(a.shape) == len(b.shape) \
+        and all(x is y for x, y in zip(a.shape, b.shape))
+
+
 def _roles(op: Op, edges: list[Edge], parts: dict[int, dict]) -> list[str] | None:
-    """How ``op`` is linear in its chain inputs: per input, ``"linear"`` (from the chain),
-    ``"sum"`` (added: from the chain, or from outside into the rest only) or ``"fixed"``
-    (from outside, the same in every part); None where it is not linear in them."""
+    """How ``op`` is linear in its chain inputs (``OpDef.linear``, ``additive``): per
+    input, ``"linear"`` (from the chain), ``"sum"`` (a term of a sum: from the chain, or
+    from outside into the rest only) or ``"fixed"`` (from outside, the same in every part);
+    None where it is not linear in them."""
+    d = op.definition
     chain = {k for k, e in enumerate(edges) if e.src.id in parts}
-    if any(e.src_out != 0 for e in edges if e.src.id in parts):
+    if any(e.src_out != 0 for e in edges if e.src.id in parts) or not chain <= set(d.linear) \
+            or op.outputs[0].dtype not in _FLOAT:
         return None
-    kind = op.kind
-    if kind in ("add", "sub"):
-        return ["sum", "sum"]
-    if kind == "where":
-        return None if 0 in chain else ["fixed", "sum", "sum"]
-    if kind in ("mul", "matmul") and len(chain) == 1 or kind == "div" and chain == {0} \
-            or kind in _LINEAR_IN_FIRST and chain == {0} \
-            or kind == "astype" and chain == {0} and op.outputs[0].dtype in _FLOAT:
-        return ["linear" if k in chain else "fixed" for k in range(len(edges))]
-    return None
+    if d.additive:
+        return ["sum" if k in d.linear else "fixed" for k in range(len(edges))]
+    return ["linear" if k in chain else "fixed" for k in range(len(edges))] if len(chain) == 1 else None
 
 
 def _sources_first(graph: SDG, ops: dict[int, Op]) -> list[Op]:

@@ -36,7 +36,6 @@ from tempo.symbolic.expr import TRUE, IndexEntry, Slice, Symbol
 if TYPE_CHECKING:
     from tempo.passes import PassState
 
-_NOT_MOVED = frozenset({"merge", "identity", "sum_readers", "fused"})
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,8 @@ def _points_read(poly: Polyhedral, op: Op, move: _Move, needed: isl.Set) -> isl.
 
 def _movable(op: Op, keep: set[int]) -> bool:
     """A pure op whose value depends on the point only through what it reads."""
-    if op.kind in _NOT_MOVED or op.definition.host or op.definition.multi_output:
+    d = op.definition  # merges and reader sums read by conditions; an identity reads through its edge
+    if op.kind == "identity" or d.conditional_inputs or d.host or d.multi_output:
         return False
     if op.id in keep or op.when is not TRUE or not op.domain:
         return False

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from tempo.passes import PassState
 
 MAX_ELEMENTS = 4096
-_NOT_FOLDED = frozenset({"const", "merge", "sum_readers", "fused", "traced_udf", "udf"})
 
 
 def fold_constants(graph: SDG, state: PassState) -> SDG:
@@ -72,8 +71,8 @@ def _is_constant(op: Op) -> bool:
 
 def _foldable(op: Op, graph: SDG, state: PassState) -> bool:
     d = op.definition
-    if (op.kind in _NOT_FOLDED or d.host or d.multi_output or d.kernel is None
-            or op.id in state.keep or op.when is not TRUE or len(op.outputs) != 1):
+    if (op.kind == "const" or not d.pure or d.conditional_inputs or d.host or d.multi_output
+            or d.kernel is None or op.id in state.keep or op.when is not TRUE or len(op.outputs) != 1):
         return False
     edges = graph.in_edges(op)
     if any(e.cond is not TRUE or e.phi for e in edges):

@@ -33,6 +33,7 @@ point of a laid-out reader.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ from tempo.analysis.polyhedral import Polyhedral
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import param_symbols
 from tempo.ir.readers import ReaderSum
+from tempo.ir.types import TensorType
 from tempo.passes.contract import (
     contracted_matmuls,
     input_type,
@@ -116,41 +118,98 @@ def _requirements_hold(poly: Polyhedral, op: Op, needed: isl.Set | None, dim: Sy
 
 def _rule(op: Op, edges: list[Edge], dim: Symbol, size: int, bounds: dict[Symbol, int],
           other_parallel: list[Symbol]) -> Rule | None:
+    """How ``op`` is laid out over ``dim``: point ops and ops that are not pure device ops
+    by their entry of ``_POINT_RULES`` or ``_RULES``, the others by vectorize's rules."""
     if dim in op.when.symbols() or any(dim in d.symbols() for t in op.outputs for d in t.shape):
         return None
     rows = [_is_row(e, dim) for e in edges]
     if any(not row and any(dim in x.symbols() for x in (*e.phi, e.cond)) for e, row in zip(edges, rows)):
         return None  # read at an index that uses the dim but is not the dim itself
-    p = op.params
-    if op.kind == "coords":  # one parallel dim laid out per draw
-        return Rule({**p, "stacked": (p["dims"].index(dim), size)}, ()) if "stacked" not in p else None
-    if op.kind == "eval_symbol":
-        return Rule({"size": size, "dtype": p["dtype"]}, (), kind="arange", inputs=0) \
-            if p["expr"] is dim else None
-    if dim in param_symbols(p):
+    at = _Site(op, edges, rows, dim, size, bounds, other_parallel)
+    if op.kind in _POINT_RULES:  # their params name the dim by design
+        return _POINT_RULES[op.kind](at)
+    if dim in param_symbols(op.params):
         return None
-    if op.kind == "rng":  # the coordinates keyed before the dim are the same in every row
-        shared = edges[0].src.params["dims"].index(dim)
-        return Rule({**p, "batch": size, "shared": shared}, (0,)) if "batch" not in p else None
-    if op.kind == "merge":  # branches read the same for every point are broadcast
-        if any(dim in e.cond.symbols() for e in edges):
-            return None
-        return Rule({**p, "out_type": stacked(p["out_type"], size, 0)}, tuple(0 for _ in edges))
-    if op.kind == "traced_udf":
-        return Rule({**p, "fn": _vmapped(p["fn"], rows),
-                     "out_types": tuple(stacked(t, size, 0) for t in p["out_types"])},
-                    tuple(0 for _ in edges))
-    if op.kind == "udf":  # a batched form is over the UDF's one parallel dim
-        if p.get("batched") is None or other_parallel:
-            return None
-        out_types = tuple(stacked(t, size, 0) for t in p["out_types"])
-        return Rule({"call": p["batched"](out_types), "out_types": out_types},
-                    tuple(0 for _ in edges))
-    if op.kind == "sum_readers":
-        return _reader_sum_rule(op, edges[0], dim, size, bounds)
+    if op.kind in _RULES:
+        return _RULES[op.kind](at)
     if op.definition.host or op.kind not in RULE_KINDS:
         return None
     return checked_rule(op, edges, rows, size)
+
+
+@dataclass(frozen=True)
+class _Site:
+    """What a rule sees: the op, its input edges and which of them read rows of ``dim``,
+    the dim laid out, its size, the bounds, and the program's other parallel dims."""
+
+    op: Op
+    edges: list[Edge]
+    rows: list[bool]
+    dim: Symbol
+    size: int
+    bounds: dict[Symbol, int]
+    other_parallel: list[Symbol]
+
+    def stacked_outputs(self, types: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+        return tuple(stacked(t, self.size, 0) for t in types)
+
+    @property
+    def unpadded(self) -> tuple[int, ...]:
+        return tuple(0 for _ in self.edges)
+
+
+def _coords(at: _Site) -> Rule | None:
+    """One parallel dim laid out per draw."""
+    p = at.op.params
+    return Rule({**p, "stacked": (p["dims"].index(at.dim), at.size)}, ()) if "stacked" not in p else None
+
+
+def _eval_symbol(at: _Site) -> Rule | None:
+    """The dim's own value: an ``arange``."""
+    p = at.op.params
+    if p["expr"] is not at.dim:
+        return None
+    return Rule({"size": at.size, "dtype": p["dtype"]}, (), kind="arange", inputs=0)
+
+
+def _rng(at: _Site) -> Rule | None:
+    """One draw per row; the coordinates keyed before the dim are the same in every row."""
+    p = at.op.params
+    shared = at.edges[0].src.params["dims"].index(at.dim)
+    return Rule({**p, "batch": at.size, "shared": shared}, (0,)) if "batch" not in p else None
+
+
+def _merge(at: _Site) -> Rule | None:
+    """Branches read the same for every point are broadcast (``_Rewriter._broadcast_into_merge``)."""
+    if any(at.dim in e.cond.symbols() for e in at.edges):
+        return None
+    p = at.op.params
+    return Rule({**p, "out_type": stacked(p["out_type"], at.size, 0)}, at.unpadded)
+
+
+def _traced_udf(at: _Site) -> Rule:
+    p = at.op.params
+    return Rule({**p, "fn": _vmapped(p["fn"], at.rows), "out_types": at.stacked_outputs(p["out_types"])},
+                at.unpadded)
+
+
+def _udf(at: _Site) -> Rule | None:
+    """A host UDF's batched form, which is over the UDF's one parallel dim."""
+    p = at.op.params
+    if p.get("batched") is None or at.other_parallel:
+        return None
+    out_types = at.stacked_outputs(p["out_types"])
+    return Rule({"call": p["batched"](out_types), "out_types": out_types}, at.unpadded)
+
+
+def _sum_readers(at: _Site) -> Rule | None:
+    return _reader_sum_rule(at.op, at.edges[0], at.dim, at.size, at.bounds)
+
+
+_POINT_RULES: dict[str, Callable[[_Site], Rule | None]] = {"coords": _coords, "eval_symbol": _eval_symbol}
+_RULES: dict[str, Callable[[_Site], Rule | None]] = {
+    "rng": _rng, "merge": _merge, "traced_udf": _traced_udf, "udf": _udf, "sum_readers": _sum_readers}
+"""Ops laid out by rules of their own; pure device ops take vectorize's (``RULES``)."""
 
 
 def _is_row(edge: Edge, dim: Symbol) -> bool:

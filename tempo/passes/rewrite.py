@@ -12,7 +12,7 @@ points are united into its replacement's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import islpy as isl
 import numpy as np
@@ -21,7 +21,9 @@ from tempo.analysis.needed import needed_by_op, needed_of
 from tempo.analysis.polyhedral import Polyhedral, needed_points, statement_name
 from tempo.errors import SourceSite
 from tempo.ir.graph import SDG, Edge, Op, program_roots
+from tempo.ir.ops import op_def
 from tempo.ir.types import TensorType
+from tempo.passes.contract import input_type
 from tempo.symbolic.expr import TRUE, Expr, Symbol
 
 if TYPE_CHECKING:
@@ -144,6 +146,14 @@ def add_with_inputs(graph: SDG, op: Op, inputs: list[Edge]) -> Op:
     for k, edge in enumerate(inputs):
         graph.add_edge(Edge(op, k, edge.src, edge.src_out, edge.phi, edge.cond))
     return op
+
+
+def add_op(graph: SDG, op_id: int, kind: str, params: dict[str, Any], domain: tuple[Symbol, ...],
+           inputs: list[Edge], site: SourceSite, label: str = "") -> Op:
+    """Add a new op of ``kind`` to ``graph``, reading what ``inputs`` read, with the output
+    types its shape rule gives for what they read (a ``ShapeError`` where it has none)."""
+    outputs = op_def(kind).infer(*(input_type(e) for e in inputs), **params)
+    return add_with_inputs(graph, Op(op_id, kind, params, domain, tuple(outputs), site, label), inputs)
 
 
 def row_index_op(op_id: int, entry: Expr, domain: tuple[Symbol, ...], site: SourceSite) -> Op:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tempo.ir.graph import SDG, Edge, Op
+from tempo.ir.ops import kinds_with
 from tempo.passes.rewrite import apply_rewrites, identity_read, same_type
 from tempo.symbolic.expr import TRUE
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 Value = tuple[Op, int]
 _RESHAPES = frozenset({"reshape", "squeeze", "unsqueeze"})
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"})
+_REDUCTIONS = kinds_with("reduction")
 
 
 def simplify_algebra(graph: SDG, state: PassState) -> SDG:

@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tempo.ir.graph import SDG, Edge, Op
-from tempo.ir.ops import normalize_dim
+from tempo.ir.ops import kinds_with, normalize_dim
 from tempo.ir.types import TensorType
 from tempo.passes.contract import input_type
 from tempo.passes.rewrite import identity_read, recomputed_needed
-from tempo.passes.vectorize import ELEMENTWISE
 from tempo.symbolic.expr import Expr, Slice, Symbol, compile_function, const
 
 if TYPE_CHECKING:
@@ -48,7 +47,7 @@ STATIC_ROWS = 1024
 MIN_TILE = 128
 MAX_SHAPES = 16
 
-_KEEPS_ZERO = frozenset({"neg", "astype", "detach", "identity", "abs", "tanh", "sqrt"})
+_KEEPS_ZERO = kinds_with("keeps_zero")
 """Elementwise ops that map a zero to a zero."""
 _FILL = {"reduce_sum": 0.0, "reduce_max": -np.inf, "reduce_min": np.inf, "reduce_prod": 1.0}
 """What the padded rows are masked with before a reduction over them."""
@@ -210,7 +209,7 @@ def _rule(op: Op, edges: list[Edge], axes: list[_Axis | None]) -> Rule:
     ranks = [len(e.src.outputs[e.src_out].shape) + len(e.slices) for e in edges]
     if len(op.outputs) != 1:
         return "has several outputs"
-    if op.kind in ELEMENTWISE:
+    if op.definition.elementwise:
         return _elementwise(op, edges, axes, ranks)
     if op.kind == "permute":
         (axis,), (rank,) = axes, ranks

@@ -41,7 +41,7 @@ from tempo.analysis.needed import needed_at_every_step, needed_by_op
 from tempo.analysis.polyhedral import Polyhedral
 from tempo.errors import ShapeError
 from tempo.ir.graph import SDG, Edge, Op
-from tempo.ir.ops import normalize_dim, op_def, param_symbols
+from tempo.ir.ops import kinds_with, normalize_dim, param_symbols
 from tempo.ir.types import TensorType
 from tempo.passes.contract import (
     contracted_matmuls,
@@ -53,6 +53,7 @@ from tempo.passes.contract import (
     whole_window_reads,
 )
 from tempo.passes.rewrite import (
+    add_op,
     add_with_inputs,
     recomputed_needed,
     row_index_op,
@@ -63,16 +64,9 @@ from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, const
 if TYPE_CHECKING:
     from tempo.passes import PassState
 
-ELEMENTWISE = frozenset({  # ops applied entry by entry (broadcasting)
-    "neg", "exp", "log", "tanh", "sqrt", "abs", "sin", "cos", "not", "floor",
-    "add", "sub", "mul", "pow", "maximum", "minimum", "mod", "floordiv", "div",
-    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "where", "astype", "detach", "identity"})
-_ONE_DIM = frozenset({"cumsum", "discounted_sum", "argmax", "argsort", "squeeze", "slice", "pad"})
-_REDUCE = frozenset({"reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean"})
-RULE_KINDS = ELEMENTWISE | _ONE_DIM | _REDUCE | {
-    "matmul", "unsqueeze", "permute", "reshape", "expand", "cat", "stack",
-    "take", "gather", "scatter_take", "scatter_gather"}
-
+ELEMENTWISE = kinds_with("elementwise")  # ops applied entry by entry (broadcasting)
+_ONE_DIM = kinds_with("along_dim")
+_REDUCE = kinds_with("reduction")
 
 @dataclass(frozen=True)
 class Rule:
@@ -306,63 +300,113 @@ def stacked(t: TensorType, size: int, pad: int) -> TensorType:
 
 
 def _rule(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
-    """Params and unit-dim padding of the op over stacked inputs (None: no rule)."""
-    p, kind = op.params, op.kind
+    """Params and unit-dim padding of the op over stacked inputs (None: no rule): the
+    op's own entry of ``RULES``, else the rule of its kind of op (``OpDef`` traits)."""
+    d = op.definition
+    make = RULES.get(op.kind) or (_elementwise if d.elementwise else _reduction if d.reduction
+                                  else _along_dim if d.along_dim else None)
+    return None if make is None else make(op, types, rows, size)
+
+
+RuleMaker = Callable[[Op, list[TensorType], list[bool], int], Rule | None]
+"""``(op, input types per point, which inputs are stacked rows, size) -> Rule | None``."""
+
+
+def _elementwise(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule:
+    """Broadcasting: each row read gains the unit dims that line it up with the output."""
+    p = op.params
+    if op.kind == "identity" and "out_type" in p:
+        p = {**p, "out_type": stacked(p["out_type"], size, 0)}
+    out = op.outputs[0].ndim
+    return Rule(p, tuple(out - t.ndim if row else 0 for t, row in zip(types, rows)))
+
+
+def _matmul(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
     ranks = [t.ndim for t in types]
-    nothing = tuple(0 for _ in types)
-    if kind in ELEMENTWISE:
-        if kind == "identity" and "out_type" in p:
-            p = {**p, "out_type": stacked(p["out_type"], size, 0)}
-        out = op.outputs[0].ndim
-        return Rule(p, tuple(out - r if row else 0 for r, row in zip(ranks, rows)))
-    if kind == "matmul":
-        vector_times_matrix = rows == [True, False] and ranks == [1, 2]  # (B, n) @ (n, m)
-        if vector_times_matrix:
-            return Rule(p, (0, 0))
-        if any(row and r < 2 for r, row in zip(ranks, rows)):
-            return None
-        top = max(ranks)
-        return Rule(p, tuple(top - r if row else 0 for r, row in zip(ranks, rows)))
-    if kind == "take" and rows == [False, True] and ranks[1] == 0 \
-            and normalize_dim(p["dim"], ranks[0]) == 0:  # rows of a shared table, one per step
-        return Rule(p, nothing)
-    shift = _shifted_dim(p, ranks[0])
-    layouts: dict[str, Callable[[], dict[str, Any] | None]] = {
-        "unsqueeze": lambda: {**p, "dim": normalize_dim(p["dim"], ranks[0] + 1) + 1},
-        "permute": lambda: {**p, "dims": (0, *(normalize_dim(d, ranks[0]) + 1 for d in p["dims"]))},
-        "reshape": lambda: {**p, "shape": (const(size), *p["shape"])},
-        "expand": lambda: {**p, "shape": (const(size), *p["shape"])},
-    }
-    if kind in _REDUCE:
-        params = {**p, "dims": tuple(normalize_dim(d, ranks[0]) + 1 for d in p["dims"])}
-    elif kind in _ONE_DIM:
-        params = shift()
-    elif kind in layouts:
-        params = layouts[kind]()
-    elif kind in ("cat", "stack"):
-        if not all(rows):
-            return None
-        extra = 1 if kind == "stack" else 0
-        params = {**p, "dim": normalize_dim(p["dim"], ranks[0] + extra) + 1}
-    elif kind in ("take", "scatter_take"):
-        params = shift() if rows == [True, False] else None
-    elif kind in ("gather", "scatter_gather"):
-        params = shift() if rows[1] else None
-        if params is not None and kind == "scatter_gather":
-            params["shape"] = (const(size), *p["shape"])
-        if params is not None and not rows[0]:  # a shared value at per-step indices
-            return Rule(params, nothing, broadcast=(0,))
-    else:
+    if rows == [True, False] and ranks == [1, 2]:  # vector @ matrix: (B, n) @ (n, m)
+        return Rule(op.params, (0, 0))
+    if any(row and r < 2 for r, row in zip(ranks, rows)):
         return None
-    if params is None or not rows[0]:
-        return None
-    if kind == "expand":
-        return Rule(params, (len(p["shape"]) - ranks[0], *nothing[1:]))
-    return Rule(params, nothing)
+    top = max(ranks)
+    return Rule(op.params, tuple(top - r if row else 0 for r, row in zip(ranks, rows)))
 
 
-def _shifted_dim(p: dict[str, Any], rank: int) -> Callable[[], dict[str, Any]]:
-    return lambda: {**p, "dim": normalize_dim(p["dim"], rank) + 1}
+def _on_stacked(params: dict[str, Any] | None, rows: list[bool]) -> Rule | None:
+    """A rule whose first input is read stacked and whose other inputs are as they are."""
+    return Rule(params, tuple(0 for _ in rows)) if params is not None and rows[0] else None
+
+
+def _shifted(p: dict[str, Any], types: list[TensorType]) -> dict[str, Any]:
+    """``p`` with its axis ``dim`` moved past the stacked one."""
+    return {**p, "dim": normalize_dim(p["dim"], types[0].ndim) + 1}
+
+
+def _reduction(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
+    p = op.params
+    return _on_stacked({**p, "dims": tuple(normalize_dim(d, types[0].ndim) + 1 for d in p["dims"])}, rows)
+
+
+def _along_dim(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
+    return _on_stacked(_shifted(op.params, types), rows)
+
+
+def _take(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
+    p = op.params
+    if op.kind == "take" and rows == [False, True] and types[1].ndim == 0 \
+            and normalize_dim(p["dim"], types[0].ndim) == 0:  # rows of a shared table, one per step
+        return Rule(p, (0, 0))
+    return _on_stacked(_shifted(p, types) if rows == [True, False] else None, rows)
+
+
+def _gather(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
+    """Gathered along the same axes at each step; a shared value gathered at per-step
+    indices is expanded to the stacked shape first."""
+    if not rows[1]:
+        return None
+    params = _shifted(op.params, types)
+    if op.kind == "scatter_gather":
+        params["shape"] = (const(size), *op.params["shape"])
+    return Rule(params, (0, 0)) if rows[0] else Rule(params, (0, 0), broadcast=(0,))
+
+
+def _joined(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
+    """``cat`` and ``stack`` of values that are all stacked."""
+    if not all(rows):
+        return None
+    extra = 1 if op.kind == "stack" else 0
+    return Rule({**op.params, "dim": normalize_dim(op.params["dim"], types[0].ndim + extra) + 1},
+                tuple(0 for _ in rows))
+
+
+def _expand(op: Op, types: list[TensorType], rows: list[bool], size: int) -> Rule | None:
+    p = op.params
+    rule = _on_stacked({**p, "shape": (const(size), *p["shape"])}, rows)
+    return None if rule is None else Rule(rule.params, (len(p["shape"]) - types[0].ndim,))
+
+
+def _layout(new_params: Callable[[dict[str, Any], int, int], dict[str, Any]]) -> RuleMaker:
+    """The rule of a layout op: ``new_params(params, rank, size)`` over the stacked input."""
+    return lambda op, types, rows, size: _on_stacked(new_params(op.params, types[0].ndim, size), rows)
+
+
+RULES: dict[str, RuleMaker] = {
+    "matmul": _matmul,
+    "take": _take,
+    "scatter_take": _take,
+    "gather": _gather,
+    "scatter_gather": _gather,
+    "cat": _joined,
+    "stack": _joined,
+    "expand": _expand,
+    "unsqueeze": _layout(lambda p, rank, size: {**p, "dim": normalize_dim(p["dim"], rank + 1) + 1}),
+    "permute": _layout(lambda p, rank, size: {**p, "dims": (0, *(normalize_dim(d, rank) + 1
+                                                                  for d in p["dims"]))}),
+    "reshape": _layout(lambda p, rank, size: {**p, "shape": (const(size), *p["shape"])}),
+}
+"""The ops whose rule is their own; other ops take the rule of their kind (elementwise,
+reductions, ops along one axis: ``OpDef`` traits)."""
+RULE_KINDS = ELEMENTWISE | _ONE_DIM | _REDUCE | frozenset(RULES)
+"""Every op kind vectorize has a rule for."""
 
 
 # ---- rewriting ------------------------------------------------------------------------------
@@ -424,9 +468,8 @@ class StackingRewriter:
             index_op = self._add(row_index_op(self._new_id(), index.substitute(self.bounds), sink.domain,
                                               sink.site), [])
             inputs.append(Edge(sink, 1, index_op, 0, index_op.domain))
-        (out,) = op_def(kind).infer(*(input_type(e) for e in inputs), **params)
-        op = self._add(Op(self._new_id(), kind, params, sink.domain, (out,), sink.site,
-                          f"{edge.src.label or edge.src.kind}_{kind}"), inputs)
+        op = add_op(self.out, self._new_id(), kind, params, sink.domain, inputs, sink.site,
+                    f"{edge.src.label or edge.src.kind}_{kind}")
         return Edge(sink, edge.sink_in, op, 0, sink.domain, edge.cond)
 
     def _contraction_operand(self, original: Edge) -> Edge:
