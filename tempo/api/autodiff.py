@@ -21,6 +21,7 @@ import numpy as np
 
 from tempo.errors import GradientError, TempoError, UnsupportedExpressionError, user_site
 from tempo.ir.graph import Edge, Op
+from tempo.ir.ops import OPS
 from tempo.ir.readers import ReaderSum
 from tempo.ir.types import Shape
 from tempo.symbolic.expr import (
@@ -309,38 +310,17 @@ def _params(op: Op) -> dict:
     return {k: v for k, v in op.params.items() if k != "out_type"}
 
 
-def _binary(fa: Callable, fb: Callable) -> VJP:
-    def rule(g, a, b, out):
-        return [unbroadcast(fa(g, a, b, out), a.shape) if _is_float(a) else None,
-                unbroadcast(fb(g, a, b, out), b.shape) if _is_float(b) else None]
+def _elementwise(derivatives: tuple) -> VJP:
+    """The gradient rule of an elementwise op from its derivatives (``OpDef.derivatives``):
+    each input's, with the axes broadcasting added summed back; none for inputs without
+    one or that are not floating-point."""
+    if all(d is None for d in derivatives):
+        return _no_grad
+
+    def rule(g, *xs, out, **_):
+        return [unbroadcast(d(g, *xs, out), x.shape) if d is not None and _is_float(x) else None
+                for d, x in zip(derivatives, xs)]
     return rule
-
-
-def _unary(f: Callable) -> VJP:
-    return lambda g, x, out, **_: [f(g, x, out)]
-
-
-def _sign(x: RecurrentTensor) -> RecurrentTensor:
-    from tempo.api.functions import where
-    return where(x > 0, 1.0, 0.0) - where(x < 0, 1.0, 0.0)
-
-
-def _chooser(mine: Callable) -> Callable:
-    """maximum/minimum: the gradient goes to the chosen input, half each on ties (as JAX)."""
-    def grad(g, a, b, out):
-        from tempo.api.functions import where
-        return g * where(a == b, 0.5, where(mine(a, b), 1.0, 0.0)).astype(g.dtype)
-    return grad
-
-
-def _pow_exponent(g, a, b, out):
-    from tempo.api.functions import where
-    safe = where(a == 0, 1.0, a)
-    return g * safe.log() * out
-
-
-def _mod_divisor(g, a, b, out):
-    return -g * (a / b).floor()
 
 
 def _where(g, c, a, b, out):
@@ -458,22 +438,7 @@ def _no_grad(g, *xs, out, **_):
 
 
 VJPS: dict[str, VJP] = {
-    "add": _binary(lambda g, a, b, o: g, lambda g, a, b, o: g),
-    "sub": _binary(lambda g, a, b, o: g, lambda g, a, b, o: -g),
-    "mul": _binary(lambda g, a, b, o: g * b, lambda g, a, b, o: g * a),
-    "div": _binary(lambda g, a, b, o: g / b, lambda g, a, b, o: -g * a / (b * b)),
-    "pow": _binary(lambda g, a, b, o: g * b * a ** (b - 1), _pow_exponent),
-    "maximum": _binary(_chooser(lambda a, b: a > b), _chooser(lambda a, b: b > a)),
-    "minimum": _binary(_chooser(lambda a, b: a < b), _chooser(lambda a, b: b < a)),
-    "mod": _binary(lambda g, a, b, o: g, _mod_divisor),
-    "neg": _unary(lambda g, x, o: -g),
-    "exp": _unary(lambda g, x, o: g * o),
-    "log": _unary(lambda g, x, o: g / x),
-    "tanh": _unary(lambda g, x, o: g * (1.0 - o * o)),
-    "sqrt": _unary(lambda g, x, o: g * 0.5 / o),
-    "abs": _unary(lambda g, x, o: g * _sign(x)),
-    "sin": _unary(lambda g, x, o: g * x.cos()),
-    "cos": _unary(lambda g, x, o: -g * x.sin()),
+    **{name: _elementwise(d.derivatives) for name, d in OPS.items() if d.derivatives},
     "where": _where,
     "astype": _astype,
     "matmul": _matmul,
@@ -496,7 +461,5 @@ VJPS: dict[str, VJP] = {
     "take": _take,
     "gather": _gather,
     "identity": lambda g, x, out, **_: [g],
-    **{k: _no_grad for k in ("floor", "floordiv", "eq", "ne", "lt", "le", "gt", "ge", "and",
-                             "or", "not", "argmax", "argsort", "const", "eval_symbol", "coords", "rng",
-                             "arange")},
+    **{k: _no_grad for k in ("argmax", "argsort", "const", "eval_symbol", "coords", "rng", "arange")},
 }

@@ -62,6 +62,12 @@ class OpDef:
     pure: bool = True
     """Its value is a function of its inputs, params and point (a UDF's host code may keep
     state; a random draw is keyed by its point, so it is pure)."""
+    derivatives: tuple[Callable[..., Any] | None, ...] = ()
+    """For an elementwise op: per input, ``d(g, *inputs, out)``, the cotangent ``g`` times
+    the partial derivative of the output in that input (None: no gradient flows to it),
+    written with the operators and methods of the tensors given (autodiff gives recurrent
+    tensors, and sums broadcast axes back itself). Other ops have their gradient rule in
+    ``tempo.api.autodiff.VJPS``."""
 
 
 OPS: dict[str, OpDef] = {}
@@ -135,15 +141,50 @@ def _same(t: TensorType, **_: Any) -> tuple[TensorType, ...]:
 
 
 # ---- elementwise ----------------------------------------------------------------------
+def _mask(condition: Any, like: Any) -> Any:
+    """1 where ``condition`` holds, else 0, in ``like``'s dtype."""
+    return condition.astype(like.dtype)
+
+
 _UNARY = {"neg": "negative", "exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt",
           "abs": "abs", "sin": "sin", "cos": "cos", "not": "logical_not", "floor": "floor"}
+_UNARY_DERIVATIVES = {
+    "neg": lambda g, x, o: -g,
+    "exp": lambda g, x, o: g * o,
+    "log": lambda g, x, o: g / x,
+    "tanh": lambda g, x, o: g * (1.0 - o * o),
+    "sqrt": lambda g, x, o: g * 0.5 / o,
+    "abs": lambda g, x, o: g * (_mask(x > 0, g) - _mask(x < 0, g)),
+    "sin": lambda g, x, o: g * x.cos(),
+    "cos": lambda g, x, o: -g * x.sin(),
+    "not": None, "floor": None,  # piecewise constant, or boolean: no gradient
+}
 _KEEPS_ZERO = frozenset({"neg", "tanh", "sqrt", "abs", "sin", "floor"})
 for _name, _fn in _UNARY.items():
     register(_name, _same, (lambda fn: lambda xp, p, x: getattr(xp, fn)(x))(_fn), elementwise=True,
-             keeps_zero=_name in _KEEPS_ZERO, linear=(0,) if _name == "neg" else ())
+             keeps_zero=_name in _KEEPS_ZERO, linear=(0,) if _name == "neg" else (),
+             derivatives=(_UNARY_DERIVATIVES[_name],))
 
 _ARITH = {"add": "add", "sub": "subtract", "mul": "multiply", "pow": "power",
           "maximum": "maximum", "minimum": "minimum", "mod": "mod", "floordiv": "floor_divide"}
+
+
+def _chosen(mine: Any, tie: Any, g: Any) -> Any:
+    """maximum/minimum: the cotangent goes to the chosen input, half each on ties (as JAX)."""
+    return g * (_mask(mine, g) + 0.5 * _mask(tie, g))
+
+
+_ARITH_DERIVATIVES = {
+    "add": (lambda g, a, b, o: g, lambda g, a, b, o: g),
+    "sub": (lambda g, a, b, o: g, lambda g, a, b, o: -g),
+    "mul": (lambda g, a, b, o: g * b, lambda g, a, b, o: g * a),
+    # d/db a**b = log(a) a**b, taken as 0 where a = 0 (log(1) there)
+    "pow": (lambda g, a, b, o: g * b * a ** (b - 1), lambda g, a, b, o: g * (a + _mask(a == 0, a)).log() * o),
+    "maximum": (lambda g, a, b, o: _chosen(a > b, a == b, g), lambda g, a, b, o: _chosen(b > a, a == b, g)),
+    "minimum": (lambda g, a, b, o: _chosen(a < b, a == b, g), lambda g, a, b, o: _chosen(b < a, a == b, g)),
+    "mod": (lambda g, a, b, o: g, lambda g, a, b, o: -g * (a / b).floor()),
+    "floordiv": (None, None),
+}
 _COMPARE = {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
             "gt": "greater", "ge": "greater_equal", "and": "logical_and", "or": "logical_or"}
 
@@ -155,10 +196,12 @@ def _infer_binary(a: TensorType, b: TensorType, *, out_dtype: str | None = None)
 for _name, _fn in _ARITH.items():
     register(_name, _infer_binary,
              (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn), elementwise=True,
-             linear=(0, 1) if _name in ("add", "sub", "mul") else (), additive=_name in ("add", "sub"))
+             linear=(0, 1) if _name in ("add", "sub", "mul") else (), additive=_name in ("add", "sub"),
+             derivatives=_ARITH_DERIVATIVES[_name])
 for _name, _fn in _COMPARE.items():
     register(_name, lambda a, b: _infer_binary(a, b, out_dtype="bool"),
-             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn), elementwise=True)
+             (lambda fn: lambda xp, p, a, b: getattr(xp, fn)(*_promote(a, b)))(_fn), elementwise=True,
+             derivatives=(None, None))
 
 
 def _infer_div(a: TensorType, b: TensorType) -> tuple[TensorType]:
@@ -172,7 +215,8 @@ def _div(xp: Any, p: dict, a: Any, b: Any) -> Any:
     return xp.true_divide(a.astype(dtype), b.astype(dtype))
 
 
-register("div", _infer_div, _div, elementwise=True, linear=(0,))
+register("div", _infer_div, _div, elementwise=True, linear=(0,),
+         derivatives=(lambda g, a, b, o: g / b, lambda g, a, b, o: -g * a / (b * b)))
 
 
 def _infer_where(c: TensorType, a: TensorType, b: TensorType) -> tuple[TensorType]:
