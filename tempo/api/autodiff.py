@@ -399,7 +399,7 @@ def _cat(g, *xs, out, dim):
     dim = dim % out.ndim
     for x in xs:
         stop = start + x.shape[dim]
-        grads.append(g._apply("slice", dim=dim, start=start, stop=stop) if _is_float(x) else None)
+        grads.append(g.apply("slice", dim=dim, start=start, stop=stop) if _is_float(x) else None)
         start = stop
     return grads
 
@@ -407,26 +407,26 @@ def _cat(g, *xs, out, dim):
 def _stack(g, *xs, out, dim):
     from tempo.api.tensor import index_value
     dim = dim % out.ndim
-    return [g._apply("take", index_value(g.ctx, k), dim=dim) if _is_float(x) else None
+    return [g.apply("take", index_value(g.ctx, k), dim=dim) if _is_float(x) else None
             for k, x in enumerate(xs)]
 
 
 def _slice(g, x, out, dim, start, stop):
     dim = dim % x.ndim
-    return [g._apply("pad", dim=dim, before=as_expr(start), after=x.shape[dim] - as_expr(stop))]
+    return [g.apply("pad", dim=dim, before=as_expr(start), after=x.shape[dim] - as_expr(stop))]
 
 
 def _pad(g, x, out, dim, before, after):
     dim = dim % x.ndim
-    return [g._apply("slice", dim=dim, start=as_expr(before), stop=as_expr(before) + x.shape[dim])]
+    return [g.apply("slice", dim=dim, start=as_expr(before), stop=as_expr(before) + x.shape[dim])]
 
 
 def _take(g, x, idx, out, dim):
-    return [g._apply("scatter_take", idx, dim=dim % x.ndim, size=x.shape[dim % x.ndim]), None]
+    return [g.apply("scatter_take", idx, dim=dim % x.ndim, size=x.shape[dim % x.ndim]), None]
 
 
 def _gather(g, x, idx, out, dim):
-    return [g._apply("scatter_gather", idx, dim=dim % x.ndim, shape=x.shape), None]
+    return [g.apply("scatter_gather", idx, dim=dim % x.ndim, shape=x.shape), None]
 
 
 def _astype(g, x, out, dtype):

@@ -63,7 +63,7 @@ def where(cond: Any, a: Any, b: Any) -> RecurrentTensor:
     if c.dtype != "bool":
         c = c.astype("bool")
     a_rt = lift(ctx, a, like=like)
-    return c._apply("where", a_rt, lift(ctx, b, like=a_rt))
+    return c.apply("where", a_rt, lift(ctx, b, like=a_rt))
 
 
 def max(a: Any, b: Any) -> Any:  # noqa: A001 - mirrors the maths
@@ -80,20 +80,20 @@ def _min_max(a: Any, b: Any, symbolic: Callable, kind: str) -> Any:
     if isinstance(a, RecurrentTensor) or isinstance(b, RecurrentTensor):
         ctx = _context_of(a, b)
         like = a if isinstance(a, RecurrentTensor) else b
-        return lift(ctx, a, like=like)._apply(kind, lift(ctx, b, like=like))
+        return lift(ctx, a, like=like).apply(kind, lift(ctx, b, like=like))
     return symbolic(as_expr(a), as_expr(b))
 
 
 def cat(tensors: Sequence[RecurrentTensor], dim: int = 0) -> RecurrentTensor:
     """Concatenate along spatial ``dim``."""
     first, *rest = _non_empty(tensors, "cat")
-    return first._apply("cat", *rest, dim=dim)
+    return first.apply("cat", *rest, dim=dim)
 
 
 def stack(tensors: Sequence[RecurrentTensor], dim: int = 0) -> RecurrentTensor:
     """Stack along a new spatial ``dim``."""
     first, *rest = _non_empty(tensors, "stack")
-    return first._apply("stack", *rest, dim=dim)
+    return first.apply("stack", *rest, dim=dim)
 
 
 def _non_empty(tensors: Sequence[RecurrentTensor], what: str) -> Sequence[RecurrentTensor]:

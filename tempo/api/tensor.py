@@ -73,55 +73,58 @@ class RecurrentTensor:
         return f"RT({self.op.name}, domain=({dom}), {self.type!r})"
 
     # ---- building blocks -------------------------------------------------------------
-    def _apply(self, kind: str, *others: Any, **params: Any) -> RecurrentTensor:
+    def apply(self, kind: str, *others: Any, **params: Any) -> RecurrentTensor:
+        """A new op of ``kind`` (``tempo.ir.ops``) reading this tensor and ``others`` (lifted
+        to tensors of this context), with ``params``: how every method, free function and
+        gradient rule builds an op."""
         inputs = [self, *(lift(self.ctx, o, like=self) for o in others)]
         return RecurrentTensor(self.ctx, self.ctx.add_op(kind, inputs, params))
 
     def _rapply(self, kind: str, other: Any) -> RecurrentTensor:
-        return lift(self.ctx, other, like=self)._apply(kind, self)
+        return lift(self.ctx, other, like=self).apply(kind, self)
 
     # ---- arithmetic and comparison ----------------------------------------------------
-    def __add__(self, o: Any) -> RecurrentTensor: return self._apply("add", o)
+    def __add__(self, o: Any) -> RecurrentTensor: return self.apply("add", o)
     def __radd__(self, o: Any) -> RecurrentTensor: return self._rapply("add", o)
-    def __sub__(self, o: Any) -> RecurrentTensor: return self._apply("sub", o)
+    def __sub__(self, o: Any) -> RecurrentTensor: return self.apply("sub", o)
     def __rsub__(self, o: Any) -> RecurrentTensor: return self._rapply("sub", o)
-    def __mul__(self, o: Any) -> RecurrentTensor: return self._apply("mul", o)
+    def __mul__(self, o: Any) -> RecurrentTensor: return self.apply("mul", o)
     def __rmul__(self, o: Any) -> RecurrentTensor: return self._rapply("mul", o)
-    def __truediv__(self, o: Any) -> RecurrentTensor: return self._apply("div", o)
+    def __truediv__(self, o: Any) -> RecurrentTensor: return self.apply("div", o)
     def __rtruediv__(self, o: Any) -> RecurrentTensor: return self._rapply("div", o)
-    def __floordiv__(self, o: Any) -> RecurrentTensor: return self._apply("floordiv", o)
+    def __floordiv__(self, o: Any) -> RecurrentTensor: return self.apply("floordiv", o)
     def __rfloordiv__(self, o: Any) -> RecurrentTensor: return self._rapply("floordiv", o)
-    def __mod__(self, o: Any) -> RecurrentTensor: return self._apply("mod", o)
+    def __mod__(self, o: Any) -> RecurrentTensor: return self.apply("mod", o)
     def __rmod__(self, o: Any) -> RecurrentTensor: return self._rapply("mod", o)
-    def __pow__(self, o: Any) -> RecurrentTensor: return self._apply("pow", o)
+    def __pow__(self, o: Any) -> RecurrentTensor: return self.apply("pow", o)
     def __rpow__(self, o: Any) -> RecurrentTensor: return self._rapply("pow", o)
-    def __matmul__(self, o: Any) -> RecurrentTensor: return self._apply("matmul", o)
+    def __matmul__(self, o: Any) -> RecurrentTensor: return self.apply("matmul", o)
     def __rmatmul__(self, o: Any) -> RecurrentTensor: return self._rapply("matmul", o)
-    def __neg__(self) -> RecurrentTensor: return self._apply("neg")
-    def __eq__(self, o: Any) -> RecurrentTensor: return self._apply("eq", o)  # type: ignore[override]
-    def __ne__(self, o: Any) -> RecurrentTensor: return self._apply("ne", o)  # type: ignore[override]
-    def __lt__(self, o: Any) -> RecurrentTensor: return self._apply("lt", o)
-    def __le__(self, o: Any) -> RecurrentTensor: return self._apply("le", o)
-    def __gt__(self, o: Any) -> RecurrentTensor: return self._apply("gt", o)
-    def __ge__(self, o: Any) -> RecurrentTensor: return self._apply("ge", o)
-    def __and__(self, o: Any) -> RecurrentTensor: return self._apply("and", o)
-    def __or__(self, o: Any) -> RecurrentTensor: return self._apply("or", o)
-    def __invert__(self) -> RecurrentTensor: return self._apply("not")
+    def __neg__(self) -> RecurrentTensor: return self.apply("neg")
+    def __eq__(self, o: Any) -> RecurrentTensor: return self.apply("eq", o)  # type: ignore[override]
+    def __ne__(self, o: Any) -> RecurrentTensor: return self.apply("ne", o)  # type: ignore[override]
+    def __lt__(self, o: Any) -> RecurrentTensor: return self.apply("lt", o)
+    def __le__(self, o: Any) -> RecurrentTensor: return self.apply("le", o)
+    def __gt__(self, o: Any) -> RecurrentTensor: return self.apply("gt", o)
+    def __ge__(self, o: Any) -> RecurrentTensor: return self.apply("ge", o)
+    def __and__(self, o: Any) -> RecurrentTensor: return self.apply("and", o)
+    def __or__(self, o: Any) -> RecurrentTensor: return self.apply("or", o)
+    def __invert__(self) -> RecurrentTensor: return self.apply("not")
 
-    def exp(self) -> RecurrentTensor: return self._apply("exp")
-    def log(self) -> RecurrentTensor: return self._apply("log")
-    def tanh(self) -> RecurrentTensor: return self._apply("tanh")
-    def sqrt(self) -> RecurrentTensor: return self._apply("sqrt")
-    def abs(self) -> RecurrentTensor: return self._apply("abs")
-    def sin(self) -> RecurrentTensor: return self._apply("sin")
-    def cos(self) -> RecurrentTensor: return self._apply("cos")
-    def floor(self) -> RecurrentTensor: return self._apply("floor")
+    def exp(self) -> RecurrentTensor: return self.apply("exp")
+    def log(self) -> RecurrentTensor: return self.apply("log")
+    def tanh(self) -> RecurrentTensor: return self.apply("tanh")
+    def sqrt(self) -> RecurrentTensor: return self.apply("sqrt")
+    def abs(self) -> RecurrentTensor: return self.apply("abs")
+    def sin(self) -> RecurrentTensor: return self.apply("sin")
+    def cos(self) -> RecurrentTensor: return self.apply("cos")
+    def floor(self) -> RecurrentTensor: return self.apply("floor")
 
     def sigmoid(self) -> RecurrentTensor:
         return 1.0 / (1.0 + (-self).exp())
 
     def relu(self) -> RecurrentTensor:
-        return self._apply("maximum", 0)
+        return self.apply("maximum", 0)
 
     def square(self) -> RecurrentTensor:
         return self * self
@@ -135,7 +138,7 @@ class RecurrentTensor:
 
     def clip(self, low: Any, high: Any) -> RecurrentTensor:
         """Values limited to ``[low, high]``."""
-        return self._apply("maximum", low)._apply("minimum", high)
+        return self.apply("maximum", low).apply("minimum", high)
 
     def logsumexp(self, dim: int = -1, keepdim: bool = False) -> RecurrentTensor:
         """``log(sum(exp(x), dim))``, shifted by the maximum for stability."""
@@ -151,12 +154,12 @@ class RecurrentTensor:
 
     def argmax(self, dim: int = -1) -> RecurrentTensor:
         """Index of the largest entry along spatial ``dim`` (int32)."""
-        return self._apply("argmax", dim=dim)
+        return self.apply("argmax", dim=dim)
 
     def argsort(self, dim: int = -1) -> RecurrentTensor:
         """Indices that sort spatial ``dim`` ascending (stable; int32). On uniform random
         keys this is a random permutation."""
-        return self._apply("argsort", dim=dim)
+        return self.apply("argsort", dim=dim)
 
     # ---- autodiff ---------------------------------------------------------------------
     @property
@@ -177,7 +180,7 @@ class RecurrentTensor:
 
     def detach(self) -> RecurrentTensor:
         """The same values, as a constant for differentiation."""
-        return self._apply("detach")
+        return self.apply("detach")
 
     def backward(self) -> None:
         """Differentiate this scalar loss; sets ``.grad`` of every leaf it depends on."""
@@ -186,13 +189,13 @@ class RecurrentTensor:
 
     def astype(self, dtype: Any) -> RecurrentTensor:
         """The values converted to ``dtype``."""
-        return self._apply("astype", dtype=dtype_name(dtype))
+        return self.apply("astype", dtype=dtype_name(dtype))
 
     # ---- reductions and scans ---------------------------------------------------------
     def _reduce(self, kind: str, dim: int | Sequence[int] | None, keepdim: bool) -> RecurrentTensor:
         dims = tuple(range(self.ndim)) if dim is None else (
             (dim,) if isinstance(dim, int) else tuple(dim))
-        return self._apply(f"reduce_{kind}", dims=dims, keepdims=keepdim)
+        return self.apply(f"reduce_{kind}", dims=dims, keepdims=keepdim)
 
     def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> RecurrentTensor:
         """Sum over spatial ``dim`` (all by default)."""
@@ -216,36 +219,36 @@ class RecurrentTensor:
 
     def cumsum(self, dim: int = 0) -> RecurrentTensor:
         """Cumulative sum along spatial ``dim``."""
-        return self._apply("cumsum", dim=dim)
+        return self.apply("cumsum", dim=dim)
 
     def discounted_sum(self, gamma: float, dim: int = 0) -> RecurrentTensor:
         """``sum_k gamma**k * x[k]`` along spatial ``dim`` (the leading one by default)."""
-        return self._apply("discounted_sum", dim=dim, gamma=float(gamma))
+        return self.apply("discounted_sum", dim=dim, gamma=float(gamma))
 
     # ---- layout -----------------------------------------------------------------------
     def reshape(self, *shape: ExprLike | Sequence[ExprLike]) -> RecurrentTensor:
         """Same data, new spatial shape (sizes may be symbolic)."""
-        return self._apply("reshape", shape=_shape_arg(shape))
+        return self.apply("reshape", shape=_shape_arg(shape))
 
     def permute(self, *dims: int | Sequence[int]) -> RecurrentTensor:
         """Reorder the spatial dims."""
-        return self._apply("permute", dims=tuple(_shape_arg(dims, ints=True)))
+        return self.apply("permute", dims=tuple(_shape_arg(dims, ints=True)))
 
     def expand(self, *shape: ExprLike | Sequence[ExprLike]) -> RecurrentTensor:
         """Broadcast to ``shape`` (sizes may be symbolic)."""
-        return self._apply("expand", shape=_shape_arg(shape))
+        return self.apply("expand", shape=_shape_arg(shape))
 
     def squeeze(self, dim: int = 0) -> RecurrentTensor:
         """Remove spatial ``dim`` of size 1."""
-        return self._apply("squeeze", dim=dim)
+        return self.apply("squeeze", dim=dim)
 
     def unsqueeze(self, dim: int = 0) -> RecurrentTensor:
         """Insert a spatial dim of size 1 at ``dim``."""
-        return self._apply("unsqueeze", dim=dim)
+        return self.apply("unsqueeze", dim=dim)
 
     def gather(self, index: RecurrentTensor, dim: int = -1) -> RecurrentTensor:
         """``take_along_axis``: an index of the same rank picks entries along ``dim``."""
-        return self._apply("gather", index, dim=dim)
+        return self.apply("gather", index, dim=dim)
 
     # ---- indexing ---------------------------------------------------------------------
     def __getitem__(self, key: Any) -> RecurrentTensor:
@@ -315,14 +318,14 @@ class RecurrentTensor:
     def _take(self, dim: int, entry: Any) -> RecurrentTensor:
         """Index spatial ``dim`` by an int, a symbolic expression or an int RT."""
         if isinstance(entry, RecurrentTensor):
-            return self._apply("take", entry, dim=dim)
+            return self.apply("take", entry, dim=dim)
         size = self.shape[dim]
         if isinstance(entry, (int, np.integer)):
             if size.is_const and not -size.value <= entry < size.value:
                 raise ShapeError(f"index {entry} is out of range for dim {dim} of size {size.value}",
                                  user_site())
             entry = int(entry) % size.value if size.is_const else int(entry)
-        out = self._apply("take", index_value(self.ctx, entry), dim=dim)
+        out = self.apply("take", index_value(self.ctx, entry), dim=dim)
         expr = as_expr(entry)
         if not expr.is_const:
             out.op.requires += (((expr >= 0) & (expr < size),
@@ -336,12 +339,12 @@ class RecurrentTensor:
         static = all(isinstance(v, (int, np.integer, type(None))) for v in (entry.start, entry.stop))
         if static and size.is_const:  # Python semantics: negative indices, clamping
             start, stop, _ = entry.indices(size.value)
-            return self._apply("slice", dim=dim, start=as_expr(start), stop=as_expr(max(start, stop)))
+            return self.apply("slice", dim=dim, start=as_expr(start), stop=as_expr(max(start, stop)))
         start = as_expr(0 if entry.start is None else entry.start)
         stop = size if entry.stop is None else as_expr(entry.stop)
         for bound in (start, stop):
             self.ctx.check_symbols(bound, "a spatial slice")
-        out = self._apply("slice", dim=dim, start=start, stop=stop)
+        out = self.apply("slice", dim=dim, start=start, stop=stop)
         out.op.requires += (((start >= 0) & (start <= stop) & (stop <= size),
                              f"spatial slice {start}:{stop} is outside dim {dim} (size {size})"),)
         return out

@@ -21,7 +21,7 @@ from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
 from tempo.options import LoopPolicy, MemoryPolicy
 from tempo.runtime.backends import Backend
-from tempo.runtime.footprint import Footprint, predict
+from tempo.runtime.footprint import Footprint, Prediction
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
@@ -162,7 +162,12 @@ class Executable:
         (``tempo.runtime.footprint``)."""
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, MemoryStats(),
                               self.swapped, self.windows)
-        return predict(self._instances(), stores, self.bounds)
+        prediction = Prediction(stores, self.bounds)  # each instance counted as the walk meets it
+
+        def visitor(stmt: Statement) -> Callable[[tuple[int, ...]], None]:
+            return lambda point: prediction.visit(stmt, tuple(point))
+        self._interpreted({name: visitor(s) for name, s in self.schedule.statements.items()})
+        return prediction.footprint
 
     def _instances(self) -> list[tuple[Statement, tuple[int, ...]]]:
         """Every statement instance ``run()`` executes, in order, with its point."""

@@ -1,17 +1,17 @@
 """The memory a schedule will need, predicted before it runs.
 
-Walks the schedule's statement instances in execution order (``Executable.execution_order``)
-and counts what the tensor stores will hold, the way ``tempo.runtime.stores`` counts it
-while the program runs: a point store holds a point's bytes from its write to its free; a
-block store holds a buffer of ``T`` rows per prefix point from the first row written until
-every row has been written and freed; swapped points and blocks are host memory, other
-points the backend's (the device, on JAX); a point whose shape varies with the point
-counts the bytes of its shape there.
+Sees the schedule's statement instances one at a time in execution order (as
+``Executable.predicted_footprint`` walks them) and counts what the tensor stores will
+hold, the way ``tempo.runtime.stores`` counts it while the program runs: a point store
+holds a point's bytes from its write to its free; a block store holds a buffer of ``T``
+rows per prefix point from the first row written until every row has been written and
+freed; swapped points and blocks are host memory, other points the backend's (the
+device, on JAX); a point whose shape varies with the point counts the bytes of its shape
+there. Only what the stores would hold is kept, never the list of instances.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,32 +33,35 @@ class Footprint:
                 f"device, {self.host.peak / 2**20:.1f} MiB in host memory")
 
 
-def predict(order: Iterable[tuple[Statement, tuple[int, ...]]], stores: dict,
-            bounds: dict[Symbol, int]) -> Footprint:
-    """The footprint of running the statement instances ``order`` with ``stores`` (the
-    stores a run makes; nothing is written to them)."""
-    out = Footprint()
-    live: dict[tuple[int, int], dict[tuple, int]] = {}  # bytes of each held point, per store
-    blocks: dict[tuple[int, int], dict[tuple, tuple[set, set]]] = {}
-    for stmt, point in order:
+class Prediction:
+    """The footprint of statement instances seen one at a time (``visit``), in execution
+    order, with ``stores`` (the stores a run makes; nothing is written to them). It keeps
+    what the stores would hold, not the instances: memory bounded by the live points."""
+
+    def __init__(self, stores: dict, bounds: dict[Symbol, int]):
+        self.stores, self.bounds = stores, bounds
+        self.footprint = Footprint()
+        self.live: dict[tuple[int, int], dict[tuple, int]] = {}  # bytes of each held point, per store
+        self.blocks: dict[tuple[int, int], dict[tuple, tuple[set, set, list]]] = {}
+
+    def visit(self, stmt: Statement, point: tuple[int, ...]) -> None:
         op, kind = stmt.op, stmt.kind
         for k in stmt.freed if kind == "free" else range(len(op.outputs)):
             key = (op.id, k)
-            store = stores[key]
+            store = self.stores[key]
             if isinstance(store, BlockStore):
-                _block_step(out.host, store, blocks.setdefault(key, {}), kind, point)
+                _block_step(self.footprint.host, store, self.blocks.setdefault(key, {}), kind, point)
                 continue
-            counter = out.host if isinstance(store, SwappedStore) else out.device
-            held = live.setdefault(key, {})
+            counter = self.footprint.host if isinstance(store, SwappedStore) else self.footprint.device
+            held = self.live.setdefault(key, {})
             if kind == "exec" and point not in held:
                 size = store.point_bytes
                 if size is None:  # a shape that depends on the point
-                    size = op.outputs[k].nbytes({**bounds, **dict(zip(op.domain, point))})
+                    size = op.outputs[k].nbytes({**self.bounds, **dict(zip(op.domain, point))})
                 held[point] = size
                 counter.add(size)
             elif kind == "free" and point in held:
                 counter.add(-held.pop(point))
-    return out
 
 
 def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, point: tuple) -> None:

@@ -61,7 +61,7 @@ CASES = {
     "stack": (lambda x, y, p: tp.stack([x, y.permute(1, 0) * 3.0], dim=1),
               lambda x, y, p: jnp.stack([x, y.T * 3.0], 1)),
     "slice": (lambda x, y, p: x[:, 1:], lambda x, y, p: x[:, 1:]),
-    "pad": (lambda x, y, p: x._apply("pad", dim=1, before=1, after=2),
+    "pad": (lambda x, y, p: x.apply("pad", dim=1, before=1, after=2),
             lambda x, y, p: jnp.pad(x, ((0, 0), (1, 2)))),
     "take": (lambda x, y, p: x[1] * 2.0 + x[0, tp.const(IDX[0])], lambda x, y, p: x[1] * 2.0 + x[0, IDX[0]]),
     "gather": (lambda x, y, p: x.gather(tp.const(IDX), dim=1),
