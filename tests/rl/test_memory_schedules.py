@@ -24,13 +24,19 @@ PER_STEP = ("algorithm=nstep", "algorithm.normalize_advantages=false", "algorith
 """n-step whose loss is a sum of per-step terms (no statistics over the whole rollout)."""
 
 
-def test_the_incremental_schedule_trains_as_the_vectorized_one(tmp_path):
-    common = (*PER_STEP, "algorithm.num_steps=16", "total_timesteps=96", "backend=numpy")
+@pytest.mark.parametrize("normalized", [False, True], ids=["per-step", "normalized"])
+def test_the_incremental_schedule_trains_as_the_vectorized_one(tmp_path, normalized):
+    """Three iterations through ``train``: the same metrics and parameters from both
+    schedules (with standardized advantages, the incremental one splits the policy's
+    gradient: ``tempo.passes.defer``)."""
+    common = (*PER_STEP, "algorithm.num_steps=16", "total_timesteps=96", "backend=numpy",
+              f"algorithm.normalize_advantages={str(normalized).lower()}")
     runs = [train(config(*common, f"memory.schedule={schedule}"), tmp_path / schedule, progress=False)
             for schedule in ("vectorized", "incremental")]
     vectorized, incremental = runs
     assert any(n.startswith("accumulate: ") and not n.startswith("accumulate: 0 ")
                for n in incremental.compile_notes), incremental.compile_notes
+    assert any(n.startswith("defer: 1 ") for n in incremental.compile_notes) == normalized
     assert any(n.startswith("vectorize: ") and not n.startswith("vectorize: 0 ")
                for n in vectorized.compile_notes)
     assert len(vectorized.history) == len(incremental.history) == 3
