@@ -42,7 +42,7 @@ from tempo.ir.ops import op_def
 from tempo.ir.readers import ReaderSum
 from tempo.ir.types import TensorType
 from tempo.passes.contract import input_type
-from tempo.passes.rewrite import add_op, recomputed_needed, without_unreached
+from tempo.passes.rewrite import add_op, recomputed_needed, same_types, without_unreached
 from tempo.symbolic.expr import TRUE, IndexEntry, Slice, Symbol
 
 if TYPE_CHECKING:
@@ -51,8 +51,6 @@ if TYPE_CHECKING:
 PARTS = ("value", "ones", "rest")
 """The parts of a split cotangent: the per-point value ``A`` (scaled by ``alpha`` at the
 end), ones (scaled by ``beta``) and what joined the chain without the statistics."""
-
-_FLOAT = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 Term = tuple
 """A scalar of the statistics' dims: ``("const", x)``, ``("ref", op, out)`` (a value of
@@ -165,13 +163,13 @@ def _affine(graph: SDG, edge: Edge, window: tuple[IndexEntry, ...], cotangent: O
     src = edge.src
     if src.domain == cotangent.domain and edge.cond is TRUE and _same_entries(edge.phi, window):
         value = src.outputs[edge.src_out]
-        if value.shape != cotangent.outputs[0].shape or value.dtype != cotangent.outputs[0].dtype:
+        if not same_types(value, cotangent.outputs[0]):
             return None
         return Affine((src, edge.src_out), ONE, ZERO)
     if edge.cond is not TRUE or not set(src.domain) <= statistics or not _same_entries(edge.phi, src.domain):
         return None
     out = src.outputs[edge.src_out]
-    if out.dtype not in _FLOAT or edge.src_out != 0:
+    if not _is_float(out) or edge.src_out != 0:
         return None
     if out.shape == ():
         return Affine(None, ZERO, ("ref", src, edge.src_out))
@@ -378,7 +376,7 @@ class _Split:
         total = terms[0]
         for term in terms[1:]:
             total = self._op("add", {}, [total, term], end)
-        if not _same_type(total.outputs[0], end.outputs[0]):
+        if not same_types(total.outputs[0], end.outputs[0]):
             raise _NotLinear
         return total
 
@@ -412,9 +410,8 @@ class _Split:
 
     def _add(self, op: Op, inputs: list[Edge], expected: TensorType) -> Op:
         """Add ``op`` reading ``inputs`` (sinks replaced), checking its type against ``expected``."""
-        (inferred,) = op_def(op.kind).infer(*(input_type(e) for e in inputs), **op.params) \
-            if op.kind not in ("sum_readers", "identity") else (expected,)
-        if not _same_type(inferred, expected):
+        (inferred,) = op_def(op.kind).infer(*(input_type(e) for e in inputs), **op.params)
+        if not same_types(inferred, expected):
             raise _NotLinear
         self.out.add_op(op)
         for k, e in enumerate(inputs):
@@ -426,9 +423,8 @@ class _Split:
         return self.state.next_id - 1
 
 
-def _same_type(a: TensorType, b: TensorType) -> bool:
-    return a.dtype == b.dtype and len(a.shape) == len(b.shape) \
-        and all(x is y for x, y in zip(a.shape, b.shape))
+def _is_float(t: TensorType) -> bool:
+    return np.dtype(t.dtype).kind == "f"
 
 
 def _roles(op: Op, edges: list[Edge], parts: dict[int, dict]) -> list[str] | None:
@@ -439,7 +435,7 @@ def _roles(op: Op, edges: list[Edge], parts: dict[int, dict]) -> list[str] | Non
     d = op.definition
     chain = {k for k, e in enumerate(edges) if e.src.id in parts}
     if any(e.src_out != 0 for e in edges if e.src.id in parts) or not chain <= set(d.linear) \
-            or op.outputs[0].dtype not in _FLOAT:
+            or not _is_float(op.outputs[0]):
         return None
     if d.additive:
         return ["sum" if k in d.linear else "fixed" for k in range(len(edges))]

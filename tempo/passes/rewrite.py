@@ -46,8 +46,12 @@ def identity_read(edge: Edge) -> bool:
 
 
 def same_type(a: Op, a_out: int, b: Op, b_out: int) -> bool:
+    """Output ``a_out`` of ``a`` and ``b_out`` of ``b`` have the same type (``same_types``)."""
+    return same_types(a.outputs[a_out], b.outputs[b_out])
+
+
+def same_types(ta: TensorType, tb: TensorType) -> bool:
     """Same dtype and, dim by dim, the same (hash-consed, so structurally equal) shape."""
-    ta, tb = a.outputs[a_out], b.outputs[b_out]
     return ta.dtype == tb.dtype and len(ta.shape) == len(tb.shape) \
         and all(x is y for x, y in zip(ta.shape, tb.shape))
 
