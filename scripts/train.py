@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tempo.errors import TempoError  # noqa: E402 - after the path fix for running from a checkout
 from tempo.runtime.backends import describe_backend  # noqa: E402
+from tempo_rl import distributed  # noqa: E402
 from tempo_rl.config import store_algorithm_defaults  # noqa: E402
 from tempo_rl.metrics import TrainingDiverged  # noqa: E402
 from tempo_rl.options import ConfigError  # noqa: E402
@@ -37,7 +38,9 @@ def main(cfg: DictConfig) -> float:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
+        split = distributed.distribution(plain)  # several hosts join here, before JAX runs
         print(describe_backend(str(cfg.backend)))
+        print(distributed.describe(split, int(plain["env"].get("num_envs", 8))))
         result = train(plain, out_dir, progress=bool(cfg.progress))
     except (ConfigError, TempoError, RunDirError, TrainingDiverged) as e:
         sys.exit(f"error: {e}")  # a message, not a traceback: exit status 1
@@ -48,7 +51,9 @@ def main(cfg: DictConfig) -> float:
     peaks = result.memory
     print(f"peak memory: {peaks['device_peak_mb']:.1f} MiB of stored points in the backend's memory "
           f"(the device on JAX), {peaks['host_peak_mb']:.1f} MiB in host buffers, "
-          f"{peaks['rss_peak_mb']:.0f} MiB process RSS")
+          f"{peaks['rss_peak_mb']:.0f} MiB process RSS"
+          + (f"; {peaks['split_peak_mb']:.1f} MiB of stored points split over devices"
+             if cfg.distributed.mode != "none" else ""))
     return mean
 
 

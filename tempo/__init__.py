@@ -30,12 +30,12 @@ from tempo.errors import (
     UnschedulableError,
     UnsupportedExpressionError,
 )
-from tempo.options import LoopPolicy, MemoryPolicy
+from tempo.options import Distribution, LoopPolicy, MemoryPolicy
 from tempo.runtime.profile import RunProfile
 from tempo.symbolic.expr import Slice, Symbol
 
 __all__ = [
-    "BoundsError", "Context", "DomainError", "LoopPolicy", "MemoryPolicy", "OutOfRangeError",
+    "BoundsError", "Context", "Distribution", "DomainError", "LoopPolicy", "MemoryPolicy", "OutOfRangeError",
     "RecurrentTensor", "RunProfile", "ShapeError", "Slice", "Symbol", "TempoError", "UDFError",
     "UndefinedPointError",
     "UnschedulableError", "UnsupportedExpressionError", "cat", "const", "matmul", "max", "min", "normal",

@@ -21,9 +21,9 @@ from tempo.analysis.needed import analyze_points
 from tempo.errors import MemoryBudgetError, TempoError, UnschedulableError
 from tempo.ir.graph import SDG, Op, program_roots
 from tempo.ir.validate import check_graph, check_parallel, check_placeholders, resolve_bounds
-from tempo.options import SCHEDULES, SMALLEST, SMALLEST_SLACK, LoopPolicy, MemoryPolicy
+from tempo.options import SCHEDULES, SMALLEST, SMALLEST_SLACK, Distribution, LoopPolicy, MemoryPolicy
 from tempo.passes import PIPELINE, PassState, run_pipeline
-from tempo.runtime.backends import make_backend
+from tempo.runtime.backends import make_backend, make_mesh
 from tempo.runtime.executable import Executable
 from tempo.schedule.memory import donation_candidates
 from tempo.schedule.scheduler import Schedule, build_schedule
@@ -56,7 +56,7 @@ class CompileReport:
 def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor],
                     backend: str = "auto", passes: Collection[str] | None = None,
                     memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None,
-                    tile: int | None = None) -> Executable:
+                    tile: int | None = None, distribution: Distribution | None = None) -> Executable:
     """Check, optimize, schedule and prepare ``ctx``'s program for concrete ``bounds``.
 
     ``passes`` names the pipeline passes to run (``tempo.passes.PIPELINE``; all when None,
@@ -64,7 +64,8 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     ``loops`` how loops of device ops run on JAX (default: one ``lax.scan`` each
     wherever the loop allows it; ``tp.LoopPolicy``); ``tile`` the rows per tile of
     varying-length reads (``tempo.passes.tile``; default: chosen per read, and only on
-    backends that compile per shape)."""
+    backends that compile per shape); ``distribution`` the devices a parallel dim is split
+    over (default: one device)."""
     if tile is not None and (not isinstance(tile, int) or isinstance(tile, bool) or tile < 1):
         raise ValueError(f"tile must be a positive number of rows, got {tile!r}")
     report = CompileReport()
@@ -86,7 +87,8 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     check_graph(graph, ctx.bound_of)
     check_parallel(graph, ctx.parallel)
     check_placeholders(graph)
-    runtime = make_backend(backend)
+    sharded, mesh = _placement(ctx, values, distribution)
+    runtime = make_backend(backend, mesh)
     for op in graph.ops.values():
         runtime.check_dtype(op)
     stage("check", graph)
@@ -94,7 +96,7 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     stage("points")
     kept = {rt.op.id for rt in outputs}
     policy = memory or MemoryPolicy()
-    job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, tile, stage)
+    job = _Job(ctx, graph, values, outputs, roots, kept, needed, runtime, policy, loops, tile, stage, sharded)
     if policy.budget_mb is not None:
         return _within_budget(job, passes, report, policy.budget_mb)
     if policy.schedule == SMALLEST:
@@ -118,6 +120,7 @@ class _Job:
     loops: LoopPolicy | None
     tile: int | None
     stage: Callable[..., None]
+    sharded: Symbol | None = None
 
     def compile(self, passes: Collection[str] | None, report: CompileReport,
                 bounded: bool = False) -> Executable:
@@ -127,8 +130,10 @@ class _Job:
         for enabled in _pipelines_to_try(passes):
             state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
                               next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel, tile=self.tile,
-                              shapes_compiled=runtime.name == "jax", bounded=bounded)
+                              shapes_compiled=runtime.name == "jax", bounded=bounded,
+                              sharded=self.sharded)
             optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
+            _check_split(optimized, self.sharded, state.notes)
             try:
                 donors = donation_candidates(optimized, self.bounds, self.kept, policy.donate_min_bytes) \
                     if runtime.name == "jax" and policy.donate else []
@@ -243,6 +248,40 @@ def _pipelines_to_try(passes: Collection[str] | None) -> list[list[str]]:
     if without != enabled and without:
         attempts.append(without)
     return [*attempts, []] if enabled else [[]]
+
+
+def _placement(ctx: Context, bounds: dict[Symbol, int], distribution: Distribution | None
+               ) -> tuple[Symbol | None, Any]:
+    """The parallel dim ``distribution`` splits and the mesh it is split over (None, None
+    without one), after checking that its points split evenly."""
+    if distribution is None:
+        return None, None
+    if not ctx.parallel:
+        raise TempoError("a Distribution splits a parallel dim over devices, and this context declares "
+                         "none (tp.Context(dims=..., parallel=(...)))")
+    names = {d.name: d for d in ctx.parallel}
+    name = distribution.dim or ctx.parallel[0].name
+    if name not in names:
+        raise TempoError(f"Distribution(dim={name!r}): the parallel dims are {', '.join(names)}")
+    dim = names[name]
+    mesh = make_mesh(distribution.devices, name)
+    size = bounds[ctx.bound_of[dim]]
+    if size % mesh.size:
+        raise TempoError(f"{name} has {size} points, which {mesh.size} devices cannot split evenly; "
+                         f"make {ctx.bound_of[dim].name} a multiple of {mesh.size}")
+    return dim, mesh
+
+
+def _check_split(graph: SDG, sharded: Symbol | None, notes: list[str]) -> None:
+    """An error unless the passes laid ``sharded`` out: a dim that stays a loop runs
+    point by point, on one device."""
+    if sharded is None:
+        return
+    looped = next((op for op in graph.ops.values() if sharded in op.domain), None)
+    if looped is not None:
+        why = next((n for n in notes if n.startswith(f"parallel: {sharded.name} stays")),
+                   "the parallel pass did not run")
+        raise TempoError(f"{sharded.name} cannot be split over devices: {why}", looped.site)
 
 
 def _check_outputs(ctx: Context, outputs: list[RecurrentTensor]) -> None:

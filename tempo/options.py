@@ -89,3 +89,22 @@ class LoopPolicy:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown loop mode {self.mode!r}; choose one of {', '.join(MODES)}")
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """How a program's parallel dim is split over devices (JAX backend): its points are
+    laid out on one axis of a ``jax.sharding.Mesh`` (the env dim ``b``: acting, env state
+    and rollouts split, parameters replicated), and XLA inserts the cross-device sums the
+    shardings imply (a gradient summed over ``b``)."""
+
+    devices: int | None = None
+    """How many devices, the first of ``jax.devices()`` (every process's, after
+    ``jax.distributed.initialize``); None: all of them."""
+    dim: str | None = None
+    """The parallel dim split over them; None: the context's first parallel dim."""
+
+    def __post_init__(self) -> None:
+        if self.devices is not None and (isinstance(self.devices, bool) or not isinstance(self.devices, int)
+                                         or self.devices < 1):
+            raise ValueError(f"devices must be a positive number of devices or None, got {self.devices!r}")

@@ -47,11 +47,13 @@ class MetricLogger:
 
     ``iterations`` is the whole run's; a resumed run starts at ``start_iteration``, and
     ``continues`` (the run dir of the checkpoint it resumes, when known) gives its
-    TensorBoard events up to there, so that the stream has each iteration once."""
+    TensorBoard events up to there, so that the stream has each iteration once. A run split
+    over ``devices`` also logs ``charts/SPS_per_device``."""
 
     def __init__(self, out_dir: Path, env: Env, iterations: int, steps_per_iteration: int,
                  wandb_cfg: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
-                 progress: bool = True, start_iteration: int = 0, continues: Path | None = None):
+                 progress: bool = True, start_iteration: int = 0, continues: Path | None = None,
+                 devices: int = 1):
         # TensorBoard's own event writer (tensorboardX imports PyTorch where it is installed:
         # 0.8 s and ~250 MiB of RSS for nothing)
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
@@ -60,6 +62,7 @@ class MetricLogger:
         self._summary, self._event = Summary, Event
         self.env, self.iterations = env, iterations
         self.steps_per_iteration = steps_per_iteration
+        self.devices = devices
         events = out_dir / "tensorboard"
         if start_iteration and continues is not None:
             _copy_events(continues / "tensorboard", events)
@@ -97,6 +100,8 @@ class MetricLogger:
         now = time.perf_counter()
         row = {name: float(v) for name, v in zip(names, values)}
         row["charts/SPS"] = self.steps_per_iteration / max(now - self._clock, 1e-9)
+        if self.devices > 1:
+            row["charts/SPS_per_device"] = row["charts/SPS"] / self.devices
         self._clock = now
         finished = self.env.episode_returns[self._seen_episodes:]
         if finished:  # one point per iteration: thousands of episodes end in one at 512 envs

@@ -13,7 +13,7 @@ import numpy as np
 
 import tempo as tp
 from tempo import cache
-from tempo_rl import checkpoints, run_dir
+from tempo_rl import checkpoints, distributed, run_dir
 from tempo_rl.algorithms import algorithm, import_algorithm_module
 from tempo_rl.envs import NormalizedObservations, make_env
 from tempo_rl.metrics import MIB, MetricLogger, peak_rss_bytes
@@ -64,15 +64,17 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     (``tempo_rl.checkpoints``) and the run dir, which the run holds while it trains. With
     ``resume_from``, the run continues the checkpointed one exactly: parameters, optimizer
     state, the env's episodes in progress, and (through the program's origin) the random
-    draws and iteration-dependent values such as the annealed learning rate."""
+    draws and iteration-dependent values such as the annealed learning rate. With
+    ``distributed=data`` the env dim is split over devices (``tempo_rl.distributed``)."""
     out_dir = Path(out_dir)
     check_config(cfg)
+    split = distributed.distribution(cfg)  # first: several hosts join before JAX computes
     saved = None
     if cfg.get("resume_from"):
         saved = checkpoints.read(cfg["resume_from"])
         checkpoints.check_resumable(saved, cfg, cfg["resume_from"])
     with run_dir.claimed(out_dir):
-        return _train(cfg, out_dir, saved, progress)
+        return _train(cfg, out_dir, saved, progress, split)
 
 
 def check_config(cfg: dict[str, Any]) -> None:
@@ -98,7 +100,7 @@ def check_config(cfg: dict[str, Any]) -> None:
 
 
 def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | None,
-           progress: bool) -> TrainResult:
+           progress: bool, split: tp.Distribution | None) -> TrainResult:
     seed = int(cfg["seed"])
     env = make_env(cfg["env"], seed)
     algo = cfg["algorithm"]
@@ -117,7 +119,8 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
     logger = MetricLogger(out_dir, env, total, per_iteration,
                           wandb_cfg=logs.get("wandb") if logs.get("wandb", {}).get("enabled") else None,
                           config=cfg, progress=progress, start_iteration=first,
-                          continues=_run_dir_of(cfg["resume_from"]) if first else None)
+                          continues=_run_dir_of(cfg["resume_from"]) if first else None,
+                          devices=distributed.devices_of(split))
     ctx = program.ctx
     i, I = program.dim("i"), program.bound("i")
     names = list(program.metrics)
@@ -140,7 +143,8 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
     exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "auto"),
                       passes=None if passes is None else list(passes),
                       memory=tp.MemoryPolicy(**cfg.get("memory", {})),
-                      loops=tp.LoopPolicy(str(cfg["loops"])) if cfg.get("loops") else tp.LoopPolicy())
+                      loops=tp.LoopPolicy(str(cfg["loops"])) if cfg.get("loops") else tp.LoopPolicy(),
+                      distribution=split)
     compiled = time.perf_counter()
     logger.memory = lambda: exe.stats
     if cfg.get("compile_report"):
@@ -158,7 +162,8 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
         for choice in exe.loop_choices.values():
             print(choice)
     memory = {"device_peak_mb": exe.stats.peak_device_bytes / MIB,
-              "host_peak_mb": exe.stats.peak_host_bytes / MIB, "rss_peak_mb": peak_rss_bytes() / MIB}
+              "host_peak_mb": exe.stats.peak_host_bytes / MIB, "rss_peak_mb": peak_rss_bytes() / MIB,
+              "split_peak_mb": exe.stats.split.run_peak / MIB}
     return TrainResult(list(env.episode_returns), logger.history, compiled - start,
                        time.perf_counter() - compiled, target if target.exists() else None,
                        exe.report.notes, memory)

@@ -12,7 +12,7 @@ from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Symbol
 
 if TYPE_CHECKING:
     from tempo.api.tensor import RecurrentTensor
-    from tempo.options import LoopPolicy, MemoryPolicy
+    from tempo.options import Distribution, LoopPolicy, MemoryPolicy
     from tempo.runtime.executable import Executable
 
 _ACTIVE: list[Context] = []
@@ -112,7 +112,7 @@ class Context:
     def compile(self, bounds: dict[Symbol, int], outputs: Sequence[RecurrentTensor] = (),
                 backend: str = "auto", passes: Collection[str] | None = None,
                 memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None,
-                tile: int | None = None) -> Executable:
+                tile: int | None = None, distribution: Distribution | None = None) -> Executable:
         """Check, optimize and schedule the program for concrete ``bounds``.
 
         ``backend`` is "jax", "numpy" or "auto" (JAX wherever it imports); ``passes`` names
@@ -122,10 +122,11 @@ class Context:
         wherever the loop allows it); ``tile`` the rows per tile of reads whose length varies
         (``x[0:t+1]``; by default chosen per read, on JAX only). ``run()`` on the result
         returns the value of every point of ``outputs``; ``report`` on it says where compile
-        time went."""
+        time went. ``distribution`` (``tp.Distribution``) splits a parallel dim's points over
+        devices (JAX): by default everything runs on one."""
         from tempo.compiler import compile_program  # the driver sits above the API
         return compile_program(self, bounds, list(outputs), backend=backend, passes=passes,
-                               memory=memory, loops=loops, tile=tile)
+                               memory=memory, loops=loops, tile=tile, distribution=distribution)
 
     def __repr__(self) -> str:
         return f"Context(dims=({self._dim_names()}), ops={len(self.graph)})"

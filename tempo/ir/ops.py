@@ -508,6 +508,17 @@ register("identity", lambda x, out_type=None: (out_type or x,), lambda xp, p, x:
          linear=(0,), keeps_zero=True)
 # The value unchanged; gradients do not flow through it.
 register("detach", _same, lambda xp, p, x: x, elementwise=True, linear=(0,), keeps_zero=True)
+def _shard(xp: Any, p: dict, x: Any) -> Any:
+    """``x`` unchanged, its axis ``dim`` split over the devices of the backend's mesh
+    (``XlaNamespace.place_on_mesh``); a backend without one (NumPy) returns ``x``."""
+    place = getattr(xp, "place_on_mesh", None)
+    return x if place is None else place(x, p["dim"])
+
+
+# Where the points of a parallel dim enter the program laid out (tempo.passes.parallel,
+# under a ``Distribution``): the value, its axis ``dim`` placed on the device mesh.
+register("shard", _same, _shard, along_dim=True, linear=(0,))
+
 register("arange", lambda size, dtype: (TensorType((as_expr(size),), dtype),),
          lambda xp, p: xp.arange(p["size"], dtype=p["dtype"]))
 

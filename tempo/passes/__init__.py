@@ -45,6 +45,9 @@ class PassState:
     bounded: bool = False
     """The schedule keeps memory bounded where the program allows it (the incremental
     one): passes may spend computation on it (``tempo.passes.defer``)."""
+    sharded: Symbol | None = None
+    """The parallel dim split over devices (``tempo.options.Distribution``): where its
+    points enter the program laid out, ``tempo.passes.parallel`` places them on the mesh."""
     shapes_compiled: bool = False
     """The backend compiles a program per shape (JAX): varying-length reads are worth
     padding to a few lengths."""

@@ -75,13 +75,49 @@ def vectorize_parallel_dims(graph: SDG, state: PassState) -> SDG:
             continue
         contracted = contracted_matmuls(graph, rules, dim, size, state.bounds, state.keep,
                                         lambda e, d=dim: _is_row(e, d))
+        entries = _entry_ops(graph, rules, dim) if dim is state.sharded else set()
         graph = _Rewriter(graph, dim, size, state.bounds, rules, state.next_id,
                           contracted=contracted).rewrite()
         state.next_id = max(graph.ops) + 1
+        if entries:
+            graph = _placed_on_mesh(graph, entries, state.next_id)
+            state.next_id = max(graph.ops) + 1
+            state.notes.append(f"parallel: {dim.name} split over devices where it enters laid out "
+                               f"({len(entries)} ops)")
         graph = without_unreached(graph, state.keep)
         state.needed = recomputed_needed(graph, state)
         state.notes.append(f"parallel: {len(rules)} ops over {dim.name} vectorized")
     return graph
+
+
+def _entry_ops(graph: SDG, rules: dict[int, Rule], dim: Symbol) -> set[int]:
+    """The ops laid out over ``dim`` where its points enter the program: host ops (their
+    values come from NumPy) and ops that read no row of another laid-out op (coordinates,
+    the dim's own value). Every laid-out value derives from theirs, so placing theirs on
+    the mesh places the rest: XLA propagates a sharding through the ops that read it."""
+    return {k for k in rules if graph.ops[k].definition.host
+            or not any(_is_row(e, dim) for e in graph.in_edges(graph.ops[k]))}
+
+
+def _placed_on_mesh(graph: SDG, entries: set[int], next_id: int) -> SDG:
+    """``graph`` with every output of the ``entries`` ops read through a ``shard`` op of
+    its leading (laid-out) axis, at the same point: their readers keep their reads."""
+    out, shards = SDG(), {}
+    for op in graph.ops.values():
+        out.add_op(op)
+        if op.id not in entries:
+            continue
+        for k, t in enumerate(op.outputs):
+            shard = out.add_op(Op(next_id, "shard", {"dim": 0}, op.domain, (t,), op.site,
+                                  f"{op.label or op.kind}_shard"))
+            out.add_edge(Edge(shard, 0, op, k, op.domain))
+            shards[(op.id, k)] = shard
+            next_id += 1
+    for edges in graph.inputs.values():
+        for e in edges:
+            src = shards.get((e.src.id, e.src_out))
+            out.add_edge(e if src is None else Edge(e.sink, e.sink_in, src, 0, e.phi, e.cond))
+    return out
 
 
 # ---- rules ----------------------------------------------------------------------------------

@@ -115,15 +115,18 @@ class JaxBackend:
 
     name = "jax"
 
-    def __init__(self) -> None:
+    def __init__(self, mesh: Any = None) -> None:
         import jax
         import jax.numpy as jnp
 
         from tempo.cache import enable_jax_cache
         enable_jax_cache()  # XLA's programs kept between runs, with isl's schedules
         self.jax, self.jnp = jax, jnp
+        self.mesh = mesh
+        """The ``jax.sharding.Mesh`` a parallel dim is split over (one axis, named after
+        the dim; ``make_mesh``), or None: one device."""
         self._on_cpu = jax.default_backend() == "cpu"
-        self.xp = XlaNamespace(jax, jnp, self._on_cpu)
+        self.xp = XlaNamespace(jax, jnp, self._on_cpu, mesh)
         """The array module kernels are traced with."""
         self._by_op: dict[tuple, Callable] = {}
         # Indexing a device array from Python costs 40 us (a slice) to 250 us (a gather);
@@ -171,8 +174,8 @@ class JaxBackend:
         hashable, and their kernels are kept per op (``op_id``) by this backend, so that
         an executable's later runs reuse them."""
         frozen = _freeze(kind, params)
-        if frozen is not None:
-            cache, key = _JIT_CACHE, (*frozen, donate)
+        if frozen is not None:  # kernels trace with ``self.xp``: one per mesh
+            cache, key = _JIT_CACHE, (*frozen, donate, self.xp.mesh_key)
         else:
             cache, key = self._by_op, None if op_id is None else (op_id, donate)
         kernel = cache.get(key) if key is not None else None
@@ -220,10 +223,18 @@ class JaxBackend:
 
     def stack(self, values: list[Any]) -> Any:
         """One array of ``values``. On CPU through NumPy (device arrays are host memory
-        there): ``jnp.stack`` dispatches once per value, 5-10 ms for 250 points."""
-        if self._on_cpu:
+        there): ``jnp.stack`` dispatches once per value, 5-10 ms for 250 points. Over a
+        mesh on the devices, which keeps the values' shardings."""
+        if self._on_cpu and self.mesh is None:
             return self.jnp.asarray(np.stack([np.asarray(v) for v in values]))
         return self.jnp.stack(values)
+
+    def is_split(self, value: Any) -> bool:
+        """Whether ``value`` is split over several devices (parts of it on each)."""
+        if not isinstance(value, self.jax.Array):
+            return False
+        sharding = value.sharding
+        return len(sharding.device_set) > 1 and not sharding.is_fully_replicated
 
     def synchronize(self, value: Any) -> None:
         """Wait until ``value`` has been computed (dispatch is asynchronous)."""
@@ -253,10 +264,23 @@ class XlaNamespace:
     per element of its rollout every epoch), so there ``argsort`` is NumPy's, called
     back from the compiled computation. Results are the same: both sorts are stable."""
 
-    def __init__(self, jax: Any, jnp: Any, on_cpu: bool):
+    def __init__(self, jax: Any, jnp: Any, on_cpu: bool, mesh: Any = None):
         self._jax, self._jnp = jax, jnp
+        self._mesh = mesh
+        self.mesh_key = None if mesh is None else \
+            (mesh.axis_names, tuple(d.id for d in mesh.devices.flat))
+        """What kernels traced with this namespace depend on beyond their op (a key part)."""
         if on_cpu:
             self.argsort = self._host_argsort
+
+    def place_on_mesh(self, x: Any, dim: int) -> Any:
+        """``x`` with its axis ``dim`` split over the mesh's one axis (the ``shard`` op);
+        ``x`` itself without a mesh."""
+        if self._mesh is None:
+            return x
+        from jax.sharding import NamedSharding, PartitionSpec
+        spec = PartitionSpec(*(None,) * dim, self._mesh.axis_names[0])
+        return self._jax.lax.with_sharding_constraint(x, NamedSharding(self._mesh, spec))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jnp, name)
@@ -306,9 +330,31 @@ def resolve_backend(name: str) -> str:
     return name
 
 
-def make_backend(name: str) -> Backend:
-    """The backend ``name`` (``auto``, ``numpy`` or ``jax``; see ``resolve_backend``)."""
-    return BACKENDS[resolve_backend(name)]()
+def make_backend(name: str, mesh: Any = None) -> Backend:
+    """The backend ``name`` (``auto``, ``numpy`` or ``jax``; see ``resolve_backend``),
+    over ``mesh`` (JAX only; ``make_mesh``) when given."""
+    chosen = resolve_backend(name)
+    if mesh is None:
+        return BACKENDS[chosen]()
+    if chosen != "jax":
+        raise TempoError(f"a program split over devices runs on the jax backend, not {chosen}")
+    return JaxBackend(mesh)
+
+
+def make_mesh(devices: int | None, axis: str) -> Any:
+    """A one-axis ``jax.sharding.Mesh`` named ``axis`` over the first ``devices`` of
+    ``jax.devices()`` (all when None; every process's after ``jax.distributed.initialize``)."""
+    try:
+        import jax
+    except ImportError:
+        raise TempoError("a program split over devices needs JAX, which is not installed") from None
+    available = jax.devices()
+    count = len(available) if devices is None else devices
+    if count > len(available):
+        raise TempoError(f"{count} devices asked for, JAX sees {len(available)} "
+                         f"({available[0].platform}); on a CPU, "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={count} makes more")
+    return jax.sharding.Mesh(np.array(available[:count]), (axis,))
 
 
 def describe_backend(name: str) -> str:

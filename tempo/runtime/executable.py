@@ -25,7 +25,14 @@ from tempo.runtime.footprint import Footprint, Prediction
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile
-from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SwappedStore, WindowStore
+from tempo.runtime.stores import (
+    BlockStore,
+    MemoryStats,
+    PointStore,
+    SplitPointStore,
+    SwappedStore,
+    WindowStore,
+)
 from tempo.schedule import ast
 from tempo.schedule.memory import point_bytes, swapped_ops, window_widths
 from tempo.schedule.scheduler import Schedule, Statement
@@ -312,7 +319,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     static = all(not (d.symbols() - set(bounds)) for d in t.shape)
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
     inner_slices = op.domain and any(isinstance(e.phi[-1], Slice) for e in readers)
-    if shape is not None and inner_slices:
+    split = getattr(backend, "mesh", None) is not None  # host blocks would gather split values
+    if shape is not None and inner_slices and not split:
         length = bounds[bound_of[op.domain[-1]]]
         if window is not None:
             return WindowStore(stats, length, shape, t.dtype, window, backend.view_of_host)
@@ -325,7 +333,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                              op.site)
         return backend.zeros((*sizes, *shape), t.dtype)
     nbytes = None if shape is None else int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-    return (SwappedStore if swapped else PointStore)(backend, stats, empty, nbytes)
+    kind = SwappedStore if swapped else SplitPointStore if split else PointStore
+    return kind(backend, stats, empty, nbytes)
 
 
 # ---- launchers ---------------------------------------------------------------------------

@@ -54,6 +54,9 @@ class MemoryStats:
     host: Bytes = field(default_factory=Bytes)
     donated: int = 0
     donated_bytes: int = 0
+    split: Bytes = field(default_factory=Bytes)
+    """Of the device bytes, those of values split over several devices (a program over a
+    mesh, ``SplitPointStore``): with a parallel dim split evenly, most of them."""
 
     @property
     def device_bytes(self) -> int:
@@ -218,6 +221,40 @@ class PointStore:
     def _row_bytes(self, values: Any) -> int:
         """Bytes of one point held as a row of the stacked array ``values``."""
         return self.point_bytes if self.point_bytes is not None else values.nbytes // max(1, values.shape[0])
+
+
+class SplitPointStore(PointStore):
+    """A point store on a backend with a device mesh: it also counts the bytes of the
+    values split over several of the mesh's devices (``MemoryStats.split``)."""
+
+    def write(self, point: tuple[int, ...], value: Any) -> None:
+        old = self.data.get(point)
+        if old is not None:
+            self.stats.split.add(-self._split_bytes(old, old.nbytes))
+        super().write(point, value)
+        self.stats.split.add(self._split_bytes(value, value.nbytes))
+
+    def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
+        before = len(self.data.rows)
+        super().write_rows(points, values, rows)
+        if len(self.data.rows) > before or 2 * len(rows) >= values.shape[0]:  # kept as rows
+            self.stats.split.add(len(points) * self._split_bytes(values, self._row_bytes(values)))
+
+    def free(self, point: tuple[int, ...]) -> None:
+        value = self.data.get(point)
+        if value is not None:
+            self.stats.split.add(-self._split_bytes(value, value.nbytes))
+        elif point in self.data.rows:
+            values = self.data.rows[point][0]
+            self.stats.split.add(-self._split_bytes(values, self._row_bytes(values)))
+        super().free(point)
+
+    def free_many(self, points: list[tuple[int, ...]]) -> None:
+        for point in points:
+            self.free(point)
+
+    def _split_bytes(self, value: Any, nbytes: int) -> int:
+        return nbytes if self.backend.is_split(value) else 0
 
 
 class SwappedStore(PointStore):

@@ -1,0 +1,114 @@
+"""A run over several devices (``conf/distributed/``): the options, the processes joined
+with ``jax.distributed.initialize`` on several hosts, and the ``tp.Distribution`` the
+program is compiled with (the env dim ``b`` split over every device)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import tempo as tp
+from tempo_rl.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ConfigError, check_options, option
+
+MODES = ("none", "data")
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """The options of ``conf/distributed/*.yaml``."""
+
+    mode: str = "none"
+    devices: int | None = option(None, AT_LEAST_ONE)
+    num_processes: int | None = option(None, AT_LEAST_ONE)
+    process_id: int | None = option(None, NON_NEGATIVE)
+    coordinator_address: str | None = None
+    initialization_timeout: float = option(300.0, POSITIVE)
+
+
+def options(cfg: dict[str, Any]) -> DistributedOptions:
+    """The run's distributed options, checked (type, range, mode, the multi-host trio)."""
+    values = dict(cfg.get("distributed") or {})
+    check_options(DistributedOptions, values, "distributed.")
+    known = {f.name for f in dataclasses.fields(DistributedOptions)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"distributed has no option(s) {unknown}; it has {sorted(known)}")
+    opts = DistributedOptions(**values)
+    if opts.mode not in MODES:
+        raise ConfigError(f"distributed.mode={opts.mode!r}: choose one of {', '.join(MODES)}")
+    hosts = (opts.num_processes, opts.process_id, opts.coordinator_address)
+    if opts.mode == "data" and any(x is not None for x in hosts):
+        if any(x is None for x in hosts):
+            raise ConfigError("several hosts need distributed.num_processes, distributed.process_id and "
+                              "distributed.coordinator_address together")
+        if opts.process_id >= opts.num_processes:
+            raise ConfigError(f"distributed.process_id={opts.process_id} is not below "
+                              f"distributed.num_processes={opts.num_processes}")
+    return opts
+
+
+def distribution(cfg: dict[str, Any]) -> tp.Distribution | None:
+    """The ``tp.Distribution`` the run's program is compiled with (None: one device),
+    after joining the other processes when the run spans several hosts, and checking that
+    the devices split ``env.num_envs`` evenly."""
+    opts = options(cfg)
+    if opts.mode == "none":
+        return None
+    if str(cfg.get("backend", "auto")) == "numpy":
+        raise ConfigError("distributed=data runs on the jax backend; drop backend=numpy")
+    if opts.num_processes is not None:
+        join_processes(opts)
+    count = device_count(opts)
+    num_envs = int(cfg["env"].get("num_envs", 8))
+    if num_envs % count:
+        raise ConfigError(f"env.num_envs={num_envs} cannot be split evenly over {count} devices; "
+                          f"use a multiple of {count}")
+    return tp.Distribution(devices=opts.devices)
+
+
+def device_count(opts: DistributedOptions) -> int:
+    """The devices the run is split over: ``devices``, else every device JAX sees."""
+    import jax
+    available = jax.device_count()
+    if opts.devices is not None and opts.devices > available:
+        raise ConfigError(f"distributed.devices={opts.devices}, but JAX sees {available} "
+                          f"({jax.devices()[0].platform}); on a CPU, "
+                          f"XLA_FLAGS=--xla_force_host_platform_device_count={opts.devices} makes more")
+    return opts.devices or available
+
+
+def join_processes(opts: DistributedOptions) -> None:
+    """``jax.distributed.initialize`` for this process of a multi-host run; a one-line
+    error when the coordinator cannot be reached within the timeout."""
+    import jax
+    if jax.distributed.is_initialized():  # joined already (scripts/train.py, then train())
+        return
+    try:
+        jax.distributed.initialize(coordinator_address=opts.coordinator_address,
+                                   num_processes=opts.num_processes, process_id=opts.process_id,
+                                   initialization_timeout=int(opts.initialization_timeout))
+    except Exception as err:  # JAX raises XlaRuntimeError (DEADLINE_EXCEEDED, UNAVAILABLE, ...)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"process {opts.process_id} of {opts.num_processes} could not join the "
+                          f"coordinator at {opts.coordinator_address} within "
+                          f"{opts.initialization_timeout:g} s: {first}") from None
+
+
+def devices_of(dist: tp.Distribution | None) -> int:
+    """How many devices a run with ``dist`` is split over (1 without one)."""
+    if dist is None:
+        return 1
+    import jax
+    return dist.devices or jax.device_count()
+
+
+def describe(dist: tp.Distribution | None, num_envs: int) -> str:
+    """One line for the run's first output: the mesh the env dim is split over."""
+    if dist is None:
+        return "devices: one (distributed=none)"
+    import jax
+    devices = jax.devices()[:dist.devices or jax.device_count()]
+    hosts = len({d.process_index for d in devices})
+    return (f"mesh: b over {len(devices)} {devices[0].platform} device(s) on {hosts} host(s), "
+            f"{num_envs // len(devices)} envs each (distributed=data)")
