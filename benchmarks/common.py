@@ -196,12 +196,14 @@ def report_result(run: Callable[[], dict[str, Any]]) -> None:
     print(RESULT_TAG + json.dumps(out), flush=True)
 
 
-def run_worker(script: Path, spec: str, timeout: float, cwd: Path) -> dict[str, Any]:
-    """The parent side: run ``script --worker spec`` in a fresh Python process and return
-    what it reported, or ``{"error": ...}`` when it timed out or reported nothing."""
+def run_worker(script: Path, spec: str, timeout: float, cwd: Path,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The parent side: run ``script --worker spec`` in a fresh Python process (with the
+    environment ``env``, else this one's) and return what it reported, or
+    ``{"error": ...}`` when it timed out or reported nothing."""
     cmd = [sys.executable, str(script), "--worker", spec]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]

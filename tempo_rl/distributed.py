@@ -5,6 +5,8 @@ program is compiled with (the env dim ``b`` split over every device)."""
 from __future__ import annotations
 
 import dataclasses
+import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +81,19 @@ def device_count(opts: DistributedOptions) -> int:
 
 
 def join_processes(opts: DistributedOptions) -> None:
-    """``jax.distributed.initialize`` for this process of a multi-host run; a one-line
-    error when the coordinator cannot be reached within the timeout."""
+    """``jax.distributed.initialize`` for this process of a multi-host run, once the
+    coordinator's address is known to work: a one-line error when process 0 cannot listen
+    on it, or another process cannot reach it within the timeout. (JAX itself ends the
+    process, without an exception, when registering with the coordinator times out;
+    process 0 waits up to the timeout for the others, and JAX ends it if one never comes.)"""
     import jax
     if jax.distributed.is_initialized():  # joined already (scripts/train.py, then train())
         return
+    host, port = _address(opts.coordinator_address)
+    if opts.process_id == 0:
+        _check_can_listen(port, opts)
+    else:
+        _wait_for_coordinator(host, port, opts)
     try:
         jax.distributed.initialize(coordinator_address=opts.coordinator_address,
                                    num_processes=opts.num_processes, process_id=opts.process_id,
@@ -101,6 +111,42 @@ def devices_of(dist: tp.Distribution | None) -> int:
         return 1
     import jax
     return dist.devices or jax.device_count()
+
+
+def _address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"distributed.coordinator_address={address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def _check_can_listen(port: int, opts: DistributedOptions) -> None:
+    """Process 0 hosts the coordinator on ``port``: an error now if it cannot."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            raise ConfigError(f"process 0 cannot host the coordinator on port {port} "
+                              f"(distributed.coordinator_address={opts.coordinator_address}): "
+                              f"{err.strerror}") from None
+
+
+def _wait_for_coordinator(host: str, port: int, opts: DistributedOptions) -> None:
+    """Until the coordinator accepts a connection, or the timeout passes (an error)."""
+    deadline = time.monotonic() + opts.initialization_timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, left))):
+                return
+        except OSError as err:
+            if time.monotonic() + 0.5 >= deadline:
+                reason = err.strerror or type(err).__name__
+                raise ConfigError(f"process {opts.process_id} of {opts.num_processes} could not join the "
+                                  f"coordinator at {opts.coordinator_address} within "
+                                  f"{opts.initialization_timeout:g} s: {reason}") from None
+            time.sleep(0.5)
 
 
 def describe(dist: tp.Distribution | None, num_envs: int) -> str:

@@ -25,6 +25,10 @@ class Backend(Protocol):
     """What the runtime asks of an array backend (``NumpyBackend``, ``JaxBackend``)."""
 
     name: str
+    mesh: Any
+    """The device mesh a parallel dim is split over (JAX), or None."""
+    one_at_a_time: bool
+    """Kernels return once their outputs are computed (no asynchronous dispatch)."""
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         """The function that runs ``op`` on this backend's arrays."""
@@ -46,6 +50,10 @@ class Backend(Protocol):
         ...
 
     def stack(self, values: list[Any]) -> Any:
+        ...
+
+    def concatenate(self, values: list[Any]) -> Any:
+        """``values`` joined along their first axis."""
         ...
 
     def synchronize(self, value: Any) -> None:
@@ -70,6 +78,8 @@ class NumpyBackend:
     """Plain NumPy on the host: simple, for tests and debugging."""
 
     name = "numpy"
+    mesh = None
+    one_at_a_time = False
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         fn = op.definition.kernel
@@ -89,6 +99,9 @@ class NumpyBackend:
 
     def stack(self, values: list[Any]) -> Any:
         return np.stack(values)
+
+    def concatenate(self, values: list[Any]) -> Any:
+        return np.concatenate(values)
 
     def synchronize(self, value: Any) -> None:
         """NumPy computes eagerly: nothing to wait for."""
@@ -128,6 +141,13 @@ class JaxBackend:
         self._on_cpu = jax.default_backend() == "cpu"
         self.xp = XlaNamespace(jax, jnp, self._on_cpu, mesh)
         """The array module kernels are traced with."""
+        self.one_at_a_time = self._on_cpu and mesh is not None and mesh.size > 1
+        """Every kernel returns once its outputs are computed. Over several CPU devices,
+        XLA runs each device's part of a program on a shared thread pool, and a collective
+        (a sum over ``b``) waits for every part: with several programs in flight the
+        pool's threads can all be waiting in one program's collective for parts queued
+        behind them, and XLA aborts the process after 40 s (seen with 4 forced devices on
+        2 cores, from 50 all-reduces dispatched without waiting)."""
         self._by_op: dict[tuple, Callable] = {}
         # Indexing a device array from Python costs 40 us (a slice) to 250 us (a gather);
         # these jitted forms about 9 us.
@@ -145,6 +165,14 @@ class JaxBackend:
         once per shape, and so do eager JAX and ``jnp.asarray`` (``lax.stage``): REINFORCE's
         ``r[t:T]`` ops compiled three programs per step, about 5 MB of RSS each, until tiling
         makes those shapes static."""
+        launch = self._kernel(op, static_params, static_shapes, donate)
+        if not self.one_at_a_time:
+            return launch
+        wait = self.jax.block_until_ready
+        return lambda params, *xs: wait(launch(params, *xs))
+
+    def _kernel(self, op: Op, static_params: dict | None, static_shapes: bool,
+                donate: tuple[int, ...]) -> DeviceKernel:
         fn = op.definition.kernel
         if op.kind == "const" and static_params is not None and not donate:
             return self._constant(op.id, static_params["value"])
@@ -227,7 +255,8 @@ class JaxBackend:
         mesh on the devices, which keeps the values' shardings."""
         if self._on_cpu and self.mesh is None:
             return self.jnp.asarray(np.stack([np.asarray(v) for v in values]))
-        return self.jnp.stack(values)
+        stacked = self.jnp.stack(values)
+        return self.jax.block_until_ready(stacked) if self.one_at_a_time else stacked
 
     def is_split(self, value: Any) -> bool:
         """Whether ``value`` is split over several devices (parts of it on each)."""
@@ -235,6 +264,13 @@ class JaxBackend:
             return False
         sharding = value.sharding
         return len(sharding.device_set) > 1 and not sharding.is_fully_replicated
+
+    def concatenate(self, values: list[Any]) -> Any:
+        """``values`` joined along their first axis (host arrays stay on the host)."""
+        if all(isinstance(v, np.ndarray) for v in values):
+            return np.concatenate(values)
+        joined = self.jnp.concatenate(values)
+        return self.jax.block_until_ready(joined) if self.one_at_a_time else joined
 
     def synchronize(self, value: Any) -> None:
         """Wait until ``value`` has been computed (dispatch is asynchronous)."""
@@ -246,13 +282,17 @@ class JaxBackend:
     def take(self, values: Any, rows: Any) -> Any:
         """``values[rows]``: one row (an int) or several (an index array). Host arrays (a
         point op's batched values) are indexed in place, not moved to the device whole."""
-        return values[rows] if isinstance(values, np.ndarray) else self._take(values, rows)
+        if isinstance(values, np.ndarray):
+            return values[rows]
+        taken = self._take(values, rows)
+        return self.jax.block_until_ready(taken) if self.one_at_a_time else taken
 
     def rows(self, values: Any, start: int, count: int) -> Any:
         """``values[start:start + count]``."""
         if isinstance(values, np.ndarray):
             return values[start:start + count]
-        return self._rows(values, start, count)
+        rows = self._rows(values, start, count)
+        return self.jax.block_until_ready(rows) if self.one_at_a_time else rows
 
 
 class XlaNamespace:

@@ -182,8 +182,9 @@ class LoopLauncher:
         self.last_form = ""
         self.stores: dict = {}
         self.namespace: dict[str, Callable] = {}
-        self.wait_for_outputs = False
-        """Set by the profiler: a lowered entry returns once its outputs are computed."""
+        self.wait_for_outputs = backend.one_at_a_time
+        """A lowered entry returns once its outputs are computed (set by the profiler, and
+        on a backend that runs one program at a time)."""
         self._compiling = 0.0
 
     def bind(self, stores: dict, namespace: dict[str, Callable], batched: dict[str, Callable]) -> None:
@@ -191,7 +192,7 @@ class LoopLauncher:
         form calls) and its batched point ops."""
         self.stores, self.namespace = stores, namespace
         self.planner.bind(stores, batched)
-        self.wait_for_outputs = False
+        self.wait_for_outputs = self.backend.one_at_a_time
 
     def __call__(self, outer: tuple[int, ...]) -> None:
         self.choice.entries += 1

@@ -183,6 +183,9 @@ class PointStore:
             stops = [i.stop if isinstance(i, slice) else i + 1 for i in index]
             values = [self.data[p] if all(c < stop for c, stop in zip(p, stops)) else None for p in points]
         else:
+            if self.data.rows:  # runs of rows of stacked arrays: one slice each, not one per point
+                whole = self._joined(list(points))
+                return whole.reshape(sizes + tuple(whole.shape[1:]))
             values = [self.data[p] for p in points]
         present = next((v for v in values if v is not None), None)
         if present is None:
@@ -191,6 +194,32 @@ class PointStore:
             zero = self.backend.zeros(tuple(present.shape), str(present.dtype))
             values = [zero if v is None else v for v in values]
         return self.backend.stack(values).reshape(sizes + tuple(present.shape))
+
+    def _joined(self, points: list[tuple[int, ...]]) -> Any:
+        """The values at ``points``, stacked: each run of consecutive rows of one stacked
+        array (a lowered loop's output) sliced out at once, the other points stacked."""
+        rows, parts, singles = self.data.rows, [], []
+        run: list = []  # [stacked values, first row, count]
+        for point in points:
+            entry = rows.get(point)
+            if entry is not None and run and entry[0] is run[0] and entry[1] == run[1] + run[2]:
+                run[2] += 1
+                continue
+            if run:
+                parts.append(self.backend.rows(run[0], run[1], run[2]))
+                run = []
+            if entry is None:
+                singles.append(self.data[point])
+                continue
+            if singles:
+                parts.append(self.backend.stack(singles))
+                singles = []
+            run = [entry[0], entry[1], 1]
+        if run:
+            parts.append(self.backend.rows(run[0], run[1], run[2]))
+        if singles:
+            parts.append(self.backend.stack(singles))
+        return parts[0] if len(parts) == 1 else self.backend.concatenate(parts)
 
     def free(self, point: tuple[int, ...]) -> None:
         value = self.data.pop(point, None)

@@ -1,0 +1,203 @@
+"""Training split over devices (``distributed=data``): the env dim ``b`` over a mesh of
+forced CPU devices trains as the one-device run does (the same final checkpoint), with
+the rollout actually split; the config errors of a split that cannot be made; the CLI
+names the mesh.
+
+JAX makes several CPU devices only when ``XLA_FLAGS`` asks for them before it is imported,
+and this process imported it already: every run over several devices is a fresh
+interpreter, which prints its results as JSON on its last line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tempo_rl import distributed
+from tempo_rl.checkpoints import CONFIG_KEY
+from tempo_rl.config import load_config as config
+from tempo_rl.options import ConfigError
+from tempo_rl.train import train
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICES = 4
+TINY = ("env.num_envs=8", "algorithm.num_steps=16", "total_timesteps=256", "backend=jax")
+"""Two iterations of 8 envs x 16 steps."""
+
+
+def _device_env(devices: int = DEVICES) -> dict[str, str]:
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+            "JAX_PLATFORMS": "cpu"}
+
+
+def _run_with_devices(code: str, *args: str, timeout: int = 240) -> dict:
+    """Run ``code`` (with ``args``) in a fresh interpreter where JAX sees ``DEVICES`` CPU
+    devices; its last line of output, parsed."""
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=_device_env(),
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the subprocess did not return within {timeout} s\n"
+                    f"{(err.stdout or b'')[-3000:]!r}\n{(err.stderr or b'')[-3000:]!r}")
+    how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+    assert done.returncode == 0, f"the subprocess ended: {how}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"no output\n{done.stderr[-5000:]}"
+    return json.loads(lines[-1])
+
+
+# Train the same config split over every device (distributed=data) and on one device
+# (distributed=none, the same devices visible but unused).
+SPLIT_AND_PLAIN = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import jax
+    from tempo_rl.config import load_config
+    from tempo_rl.train import train
+
+    out = Path(sys.argv[1])
+    common = sys.argv[2:]
+    result = {"devices": jax.device_count()}
+    for name in ("data", "none"):
+        run = train(load_config(*common, f"distributed={name}", f"cache_dir={out / 'cache'}"),
+                    out / name, progress=False)
+        result[name] = {"checkpoint": str(run.checkpoint), "memory": run.memory,
+                        "returns": run.episode_returns, "iterations": len(run.history)}
+    print(json.dumps(result))
+""")
+
+
+@pytest.mark.parametrize("algorithm,env", [("ppo", "gymnax_cartpole"), ("nstep", "synthetic")])
+def test_split_run_trains_as_the_one_device_run(tmp_path, algorithm, env):
+    runs = _run_with_devices(SPLIT_AND_PLAIN, str(tmp_path), f"algorithm={algorithm}", f"env={env}", *TINY)
+    assert runs["devices"] == DEVICES, "XLA_FLAGS did not make the CPU devices"
+    split, plain = runs["data"], runs["none"]
+    assert split["iterations"] == plain["iterations"] == 2
+    # the rollout is split over the devices; nothing is, on one device
+    assert split["memory"]["split_peak_mb"] > 0, split["memory"]
+    assert plain["memory"]["split_peak_mb"] == 0, plain["memory"]
+    assert split["returns"] == plain["returns"]
+    saved = [np.load(run["checkpoint"]) for run in (split, plain)]
+    assert set(saved[0].files) == set(saved[1].files)
+    names = [k for k in saved[0].files if k != CONFIG_KEY]  # the configs differ by distributed
+    assert any(k.startswith("param") for k in names), names
+    floats = 0
+    for name in names:
+        a, b = saved[0][name], saved[1][name]
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        if a.dtype.kind == "f":
+            floats += 1
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+        else:  # counters, the iteration, env state that is not a float: exactly
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    assert floats >= 12  # parameters, Adam's moments, env state
+
+
+# Errors only a process that sees several devices can give: env.num_envs that the devices
+# cannot split, more devices asked for than there are.
+DEVICE_ERRORS = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from tempo_rl.config import load_config
+    from tempo_rl.options import ConfigError
+    from tempo_rl.train import train
+
+    out = Path(sys.argv[1])
+
+    def error_of(name, *overrides):
+        try:
+            train(load_config("algorithm=nstep", "env=synthetic", "algorithm.num_steps=16",
+                              "backend=jax", "cache_dir=off", "distributed=data", *overrides),
+                  out / name, progress=False)
+        except ConfigError as err:
+            return str(err)
+        except Exception as err:
+            return f"not a ConfigError: {type(err).__name__}: {err}"
+        return None
+
+    # total_timesteps: two whole iterations, so that only the split is wrong
+    print(json.dumps({"uneven": error_of("uneven", "env.num_envs=6", "total_timesteps=192"),
+                      "too_many": error_of("too_many", "env.num_envs=8", "total_timesteps=256",
+                                           "distributed.devices=8")}))
+""")
+
+
+def test_splits_the_devices_cannot_make_are_config_errors(tmp_path):
+    errors = _run_with_devices(DEVICE_ERRORS, str(tmp_path))
+    assert errors["uneven"] is not None, "env.num_envs=6 trained over 4 devices"
+    assert "cannot be split evenly" in errors["uneven"], errors["uneven"]
+    assert errors["too_many"] is not None, "distributed.devices=8 trained with 4 devices"
+    assert "xla_force_host_platform_device_count" in errors["too_many"], errors["too_many"]
+
+
+def test_unknown_mode_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="bogus"):
+        train(config("algorithm=nstep", "env=synthetic", *TINY, "distributed=data", "distributed.mode=bogus"),
+              tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("given", [
+    ["distributed.num_processes=2"],
+    ["distributed.num_processes=2", "distributed.process_id=1"],
+    ["distributed.process_id=0", "distributed.coordinator_address=127.0.0.1:1234"]])
+def test_incomplete_multi_host_options_are_config_errors(given):
+    # options() alone: a check that let them through must not join processes in this one
+    cfg = config("algorithm=nstep", "env=synthetic", *TINY, "distributed=data", *given)
+    with pytest.raises(ConfigError, match="coordinator_address"):
+        distributed.options(cfg)
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+UNREACHABLE = textwrap.dedent("""
+    import json, sys
+    from tempo_rl.config import load_config
+    from tempo_rl.options import ConfigError
+    from tempo_rl.train import train
+
+    cfg = load_config("algorithm=nstep", "env=synthetic", "env.num_envs=8", "algorithm.num_steps=16",
+                      "total_timesteps=256", "backend=jax", "cache_dir=off", "distributed=data",
+                      "distributed.num_processes=2", "distributed.process_id=1",
+                      f"distributed.coordinator_address=127.0.0.1:{sys.argv[2]}",
+                      "distributed.initialization_timeout=2")
+    try:
+        train(cfg, sys.argv[1], progress=False)
+        result = {"error": None}
+    except ConfigError as err:
+        result = {"error": str(err)}
+    except Exception as err:
+        result = {"error": f"not a ConfigError: {type(err).__name__}: {err}"}
+    print(json.dumps(result))
+""")
+
+
+def test_unreachable_coordinator_is_a_one_line_config_error(tmp_path):
+    """Process 1 of 2, nothing listening at the coordinator's address: a ConfigError
+    within about the timeout, not a hang or a crash."""
+    result = _run_with_devices(UNREACHABLE, str(tmp_path / "run"), str(_unused_port()), timeout=90)
+    message = result["error"]
+    assert message is not None, "trained without its coordinator"
+    assert "could not join" in message, message
+    assert "\n" not in message, message
+
+
+def test_cli_names_the_mesh(tmp_path):
+    cmd = [sys.executable, "scripts/train.py", "distributed=data", "algorithm=nstep", "env=synthetic",
+           "env.num_envs=8", "algorithm.num_steps=16", "total_timesteps=128", "backend=jax",
+           "progress=false", "cache_dir=off", f"hydra.run.dir={tmp_path / 'run'}"]
+    done = subprocess.run(cmd, cwd=ROOT, env=_device_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    lines = done.stdout.splitlines()
+    assert any(line.startswith(f"mesh: b over {DEVICES}") for line in lines), done.stdout
+    assert any("split over devices" in line for line in lines), done.stdout

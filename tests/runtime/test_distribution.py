@@ -1,0 +1,184 @@
+"""A parallel dim split over a device mesh (``tp.Distribution``): the same values as the
+one-device run and the reference evaluator, stored values actually split over the devices,
+and the errors of a distribution that cannot be made.
+
+JAX makes several CPU devices only when ``XLA_FLAGS`` asks for them before it is imported,
+and this process imported it already: every check over several devices runs in a fresh
+interpreter that prints its results as JSON on its last line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.reference import evaluate
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICES = 4
+
+# The program, as source: the subprocesses build it too. A recurrence over t in each env b,
+# a loss over every env's steps and its gradient, which sums over b (across devices when b
+# is split).
+PROGRAM = textwrap.dedent("""
+    import numpy as np
+    import tempo as tp
+
+    T_VALUE, H = 5, 3
+
+    def program(num_envs, parallel=("b",)):
+        rng = np.random.default_rng(0)
+        xs = rng.normal(size=(num_envs, T_VALUE, H)).astype(np.float32)
+        w0 = rng.normal(size=(H, H)).astype(np.float32) * 0.5
+        ctx = tp.Context(dims=("b", "t"), parallel=parallel)
+        (b, t), (B, T) = ctx.dims, ctx.bounds
+        with ctx:
+            w = tp.const(w0, requires_grad=True)
+            x = tp.const(xs)[b, t]
+            s = tp.placeholder(shape=(H,), dtype="float32", domain=(b, t))
+            s[b, 0] = x @ w
+            s[b, t + 1] = 0.5 * s + x[b, t + 1] @ w
+            loss = (s * s).sum()[0:B, 0:T].sum()
+            loss.backward()
+        return ctx, {B: num_envs, T: T_VALUE}, [s, w.grad]
+
+    def kinds(exe):
+        # op kinds of the optimized graph, the members of fused ops included
+        found = []
+        for op in exe.graph.ops.values():
+            found.append(op.kind)
+            if op.kind == "fused":
+                found.extend(m.kind for m in op.params["members"])
+        return found
+""")
+
+VALUES = PROGRAM + textwrap.dedent("""
+    import json
+    import jax
+    from tempo.reference import evaluate
+
+    out = {"devices": jax.device_count()}
+    ctx, bounds, outputs = program(8)
+    ref = evaluate(ctx, bounds, outputs)
+    out["reference"] = [np.asarray(ref[rt.key]).tolist() for rt in outputs]
+    for name, dist in [("one", None), ("four", tp.Distribution(devices=4)),
+                       ("two", tp.Distribution(devices=2))]:
+        exe = ctx.compile(bounds, outputs, backend="jax", distribution=dist)
+        got = exe.run()
+        out[name] = {"values": [np.asarray(got[rt]).tolist() for rt in outputs],
+                     "split_peak": exe.stats.split.run_peak,
+                     "device_peak": exe.stats.peak_device_bytes,
+                     "shards": kinds(exe).count("shard")}
+    print(json.dumps(out))
+""")
+
+ERRORS = PROGRAM + textwrap.dedent("""
+    import json
+    import jax
+
+    def error_of(build, backend="jax", devices=4):
+        ctx, bounds, outputs = build()
+        try:
+            ctx.compile(bounds, outputs, backend=backend, distribution=tp.Distribution(devices=devices))
+        except Exception as err:
+            return {"type": type(err).__name__, "tempo": isinstance(err, tp.TempoError),
+                    "message": str(err)}
+        return None
+
+    print(json.dumps({
+        "devices": jax.device_count(),
+        "uneven": error_of(lambda: program(6)),
+        "too_many": error_of(lambda: program(8), devices=8),
+        "numpy": error_of(lambda: program(8), backend="numpy"),
+        "not_parallel": error_of(lambda: program(8, parallel=())),
+    }))
+""")
+
+
+def _run_with_devices(code: str, devices: int = DEVICES, timeout: int = 240) -> dict:
+    """Run ``code`` in a fresh interpreter where JAX sees ``devices`` CPU devices; its last
+    line of output, parsed."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"no output\n{done.stderr[-5000:]}"
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def split_runs() -> dict:
+    runs = _run_with_devices(VALUES)
+    assert runs["devices"] == DEVICES, "XLA_FLAGS did not make the CPU devices"
+    return runs
+
+
+def _assert_values(got: list, expected: list, rtol: float, atol: float, what: str) -> None:
+    for k, name in enumerate(("s", "w.grad")):
+        a, b = np.asarray(got[k]), np.asarray(expected[k])
+        assert a.shape == b.shape, (what, name, a.shape, b.shape)
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"{what}: {name}")
+
+
+@pytest.mark.parametrize("devices", ["four", "two"])
+def test_split_run_equals_the_one_device_run_and_the_reference(split_runs, devices):
+    run, one = split_runs[devices], split_runs["one"]
+    reference = split_runs["reference"]
+    _assert_values(run["values"], one["values"], rtol=1e-6, atol=1e-6, what=f"{devices} vs one device")
+    _assert_values(run["values"], reference, rtol=1e-5, atol=1e-6, what=f"{devices} vs reference")
+    _assert_values(one["values"], reference, rtol=1e-5, atol=1e-6, what="one device vs reference")
+
+
+@pytest.mark.parametrize("devices", ["four", "two"])
+def test_split_run_places_values_on_the_mesh(split_runs, devices):
+    run = split_runs[devices]
+    assert run["shards"] > 0, "the optimized graph has no shard op"
+    assert 0 < run["split_peak"] <= run["device_peak"], run
+
+
+def test_one_device_run_splits_nothing(split_runs):
+    one = split_runs["one"]
+    assert one["shards"] == 0
+    assert one["split_peak"] == 0 and one["device_peak"] > 0
+
+
+def test_distributions_that_cannot_be_made_are_errors():
+    errors = _run_with_devices(ERRORS)
+    assert errors["devices"] == DEVICES
+    for name in ("uneven", "too_many", "numpy", "not_parallel"):
+        err = errors[name]
+        assert err is not None, f"{name}: compiled without an error"
+        assert err["tempo"], f"{name}: {err['type']}: {err['message']}"
+    assert "cannot split evenly" in errors["uneven"]["message"], errors["uneven"]
+    assert "xla_force_host_platform_device_count" in errors["too_many"]["message"], errors["too_many"]
+    assert "jax" in errors["numpy"]["message"], errors["numpy"]
+    assert "parallel" in errors["not_parallel"]["message"], errors["not_parallel"]
+
+
+@pytest.mark.parametrize("devices", [0, -1, True, 2.0])
+def test_distribution_needs_a_positive_number_of_devices(devices):
+    with pytest.raises(ValueError, match="devices"):
+        tp.Distribution(devices=devices)
+
+
+def test_without_a_distribution_nothing_is_placed():
+    """In this process (one device): no shard op, nothing split, the reference's values."""
+    scope: dict = {}
+    exec(PROGRAM, scope)
+    ctx, bounds, outputs = scope["program"](8)
+    exe = ctx.compile(bounds, outputs, backend="jax")
+    got = exe.run()
+    assert "shard" not in scope["kinds"](exe)
+    assert exe.stats.split.run_peak == 0
+    ref = evaluate(ctx, bounds, outputs)
+    for rt in outputs:
+        np.testing.assert_allclose(np.asarray(got[rt]), ref[rt.key], rtol=1e-5, atol=1e-6)
