@@ -346,7 +346,8 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     they read last, where ``last_reads`` says so, see ``tempo.schedule.memory``)."""
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
-    reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices)),
+    on_host = op.definition.host or not has_static_shapes(op, edges, set(bounds), tiled=True)
+    reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices), on_host),
               compile_function(e.phi, op.domain, bounds)) for e in edges]
     writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
     if op.kind == "merge":

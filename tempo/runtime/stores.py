@@ -168,13 +168,21 @@ class PointStore:
             return values if len(rows) == values.shape[0] else self.backend.rows(values, rows[0], len(rows))
         return self.backend.take(values, np.asarray(rows))
 
-    def reader(self, slices: bool) -> Callable[[tuple], Any]:
-        """The read function for an edge: point reads are a plain dict lookup."""
-        return self.read if slices else self.data.__getitem__
+    def reader(self, slices: bool, host: bool = False) -> Callable[[tuple], Any]:
+        """The read function for an edge: point reads are a plain dict lookup; ``host``:
+        slices as host arrays (for a reader that runs on the host)."""
+        if not slices:
+            return self.data.__getitem__
+        if host:
+            return lambda index: self.read(index, HOST_ARRAYS)
+        return self.read
 
-    def read(self, index: tuple) -> Any:
+    def read(self, index: tuple, arrays: Any = None) -> Any:
+        """The value at ``index`` (slices stacked), made with ``arrays`` (the backend's
+        stacking, or ``HOST_ARRAYS``)."""
         if not any(isinstance(i, slice) for i in index):
             return self.data[index]
+        arrays = arrays or self.backend
         sizes = padded_sizes(index)
         rows = iter(sizes)
         points = itertools.product(*(range(i.start, i.start + next(rows)) if isinstance(i, slice) else (i,)
@@ -184,18 +192,18 @@ class PointStore:
             values = [self.data[p] if all(c < stop for c, stop in zip(p, stops)) else None for p in points]
         else:
             if self.data.rows:  # runs of rows of stacked arrays: one slice each, not one per point
-                whole = self._joined(list(points))
+                whole = self._joined(list(points), arrays)
                 return whole.reshape(sizes + tuple(whole.shape[1:]))
             values = [self.data[p] for p in points]
         present = next((v for v in values if v is not None), None)
         if present is None:
             return self.empty(sizes)
         if any(v is None for v in values):  # rows of a padded slice past its points
-            zero = self.backend.zeros(tuple(present.shape), str(present.dtype))
+            zero = arrays.zeros(tuple(present.shape), str(present.dtype))
             values = [zero if v is None else v for v in values]
-        return self.backend.stack(values).reshape(sizes + tuple(present.shape))
+        return arrays.stack(values).reshape(sizes + tuple(present.shape))
 
-    def _joined(self, points: list[tuple[int, ...]]) -> Any:
+    def _joined(self, points: list[tuple[int, ...]], arrays: Any) -> Any:
         """The values at ``points``, stacked: each run of consecutive rows of one stacked
         array (a lowered loop's output) sliced out at once, the other points stacked."""
         rows, parts, singles = self.data.rows, [], []
@@ -206,20 +214,20 @@ class PointStore:
                 run[2] += 1
                 continue
             if run:
-                parts.append(self.backend.rows(run[0], run[1], run[2]))
+                parts.append(arrays.rows(run[0], run[1], run[2]))
                 run = []
             if entry is None:
                 singles.append(self.data[point])
                 continue
             if singles:
-                parts.append(self.backend.stack(singles))
+                parts.append(arrays.stack(singles))
                 singles = []
             run = [entry[0], entry[1], 1]
         if run:
-            parts.append(self.backend.rows(run[0], run[1], run[2]))
+            parts.append(arrays.rows(run[0], run[1], run[2]))
         if singles:
-            parts.append(self.backend.stack(singles))
-        return parts[0] if len(parts) == 1 else self.backend.concatenate(parts)
+            parts.append(arrays.stack(singles))
+        return parts[0] if len(parts) == 1 else arrays.concatenate(parts)
 
     def free(self, point: tuple[int, ...]) -> None:
         value = self.data.pop(point, None)
@@ -250,6 +258,31 @@ class PointStore:
     def _row_bytes(self, values: Any) -> int:
         """Bytes of one point held as a row of the stacked array ``values``."""
         return self.point_bytes if self.point_bytes is not None else values.nbytes // max(1, values.shape[0])
+
+
+class _HostArrays:
+    """Stacking for readers that run on the host: stored values (device arrays too) as
+    NumPy arrays. A stacked array's rows are sliced from its host copy, which JAX keeps
+    with the array: a loop's output read in many windows is copied once."""
+
+    @staticmethod
+    def rows(values: Any, start: int, count: int) -> np.ndarray:
+        return np.asarray(values)[start:start + count]
+
+    @staticmethod
+    def stack(values: list[Any]) -> np.ndarray:
+        return np.stack([np.asarray(v) for v in values])
+
+    @staticmethod
+    def concatenate(values: list[Any]) -> np.ndarray:
+        return np.concatenate(values)
+
+    @staticmethod
+    def zeros(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+
+HOST_ARRAYS = _HostArrays()
 
 
 class SplitPointStore(PointStore):
@@ -305,8 +338,10 @@ class SwappedStore(PointStore):
     def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
         return None
 
-    def reader(self, slices: bool) -> Callable[[tuple], Any]:
-        read, from_host = super().reader(slices), self.backend.from_host
+    def reader(self, slices: bool, host: bool = False) -> Callable[[tuple], Any]:
+        read, from_host = super().reader(slices, host), self.backend.from_host
+        if host:
+            return read
         return lambda index: from_host(read(index))
 
 
@@ -433,7 +468,8 @@ class BlockStore:
         """The buffer row holding point ``k`` of ``prefix``."""
         return k
 
-    def reader(self, slices: bool) -> Callable[[tuple], Any]:
+    def reader(self, slices: bool, host: bool = False) -> Callable[[tuple], Any]:
+        """Reads of the block's rows (host memory either way: ``host`` changes nothing)."""
         return self.read if slices else self.read_point
 
     def read_point(self, index: tuple) -> Any:
