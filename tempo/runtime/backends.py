@@ -141,6 +141,7 @@ class JaxBackend:
         self._on_cpu = jax.default_backend() == "cpu"
         self.xp = XlaNamespace(jax, jnp, self._on_cpu, mesh)
         """The array module kernels are traced with."""
+        self._many_processes = jax.process_count() > 1
         self.one_at_a_time = self._on_cpu and mesh is not None and mesh.size > 1
         """Every kernel returns once its outputs are computed. Over several CPU devices,
         XLA runs each device's part of a program on a shared thread pool, and a collective
@@ -177,7 +178,8 @@ class JaxBackend:
         if op.kind == "const" and static_params is not None and not donate:
             return self._constant(op.id, static_params["value"])
         if not static_shapes:
-            return lambda params, *xs: fn(np, params, *(np.asarray(x) for x in xs))
+            host = self.to_host
+            return lambda params, *xs: fn(np, params, *(host(x) for x in xs))
         if static_params is not None:
             compiled = self._jitted(op.kind, static_params, donate, op.id)
             return lambda params, *xs: compiled(*xs)
@@ -236,6 +238,11 @@ class JaxBackend:
                              f"backend", op.site)
 
     def to_host(self, value: Any) -> np.ndarray:
+        """``value`` as a NumPy array; a value split over several processes' devices is
+        gathered from every process (each must ask for it: they run the same program)."""
+        if self._many_processes and isinstance(value, self.jax.Array) and not value.is_fully_addressable:
+            from jax.experimental import multihost_utils
+            return np.asarray(multihost_utils.process_allgather(value, tiled=True))
         return np.asarray(value)
 
     def view_of_host(self, rows: np.ndarray) -> Any:

@@ -174,12 +174,13 @@ class PointStore:
         if not slices:
             return self.data.__getitem__
         if host:
-            return lambda index: self.read(index, HOST_ARRAYS)
+            arrays = HostArrays(self.backend.to_host)
+            return lambda index: self.read(index, arrays)
         return self.read
 
     def read(self, index: tuple, arrays: Any = None) -> Any:
         """The value at ``index`` (slices stacked), made with ``arrays`` (the backend's
-        stacking, or ``HOST_ARRAYS``)."""
+        stacking, or ``HostArrays``)."""
         if not any(isinstance(i, slice) for i in index):
             return self.data[index]
         arrays = arrays or self.backend
@@ -260,18 +261,20 @@ class PointStore:
         return self.point_bytes if self.point_bytes is not None else values.nbytes // max(1, values.shape[0])
 
 
-class _HostArrays:
+class HostArrays:
     """Stacking for readers that run on the host: stored values (device arrays too) as
-    NumPy arrays. A stacked array's rows are sliced from its host copy, which JAX keeps
-    with the array: a loop's output read in many windows is copied once."""
+    NumPy arrays (``to_host``: the backend's). A stacked array's rows are sliced from its
+    host copy, which JAX keeps with the array: a loop's output read in many windows is
+    copied once."""
 
-    @staticmethod
-    def rows(values: Any, start: int, count: int) -> np.ndarray:
-        return np.asarray(values)[start:start + count]
+    def __init__(self, to_host: Callable[[Any], np.ndarray]) -> None:
+        self.to_host = to_host
 
-    @staticmethod
-    def stack(values: list[Any]) -> np.ndarray:
-        return np.stack([np.asarray(v) for v in values])
+    def rows(self, values: Any, start: int, count: int) -> np.ndarray:
+        return self.to_host(values)[start:start + count]
+
+    def stack(self, values: list[Any]) -> np.ndarray:
+        return np.stack([self.to_host(v) for v in values])
 
     @staticmethod
     def concatenate(values: list[Any]) -> np.ndarray:
@@ -281,8 +284,6 @@ class _HostArrays:
     def zeros(shape: tuple[int, ...], dtype: str) -> np.ndarray:
         return np.zeros(shape, dtype)
 
-
-HOST_ARRAYS = _HostArrays()
 
 
 class SplitPointStore(PointStore):

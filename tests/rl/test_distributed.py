@@ -201,3 +201,39 @@ def test_cli_names_the_mesh(tmp_path):
     lines = done.stdout.splitlines()
     assert any(line.startswith(f"mesh: b over {DEVICES}") for line in lines), done.stdout
     assert any("split over devices" in line for line in lines), done.stdout
+
+
+def test_two_processes_train_as_one(tmp_path):
+    """Two processes on this machine (one CPU device each, JAX's gloo collectives between
+    them) joined through the coordinator train PPO on gymnax as one process does on one
+    device: both write the one-device run's checkpoint."""
+    port = _unused_port()
+    common = ["scripts/train.py", "env=gymnax_cartpole", *TINY, "progress=false", "cache_dir=off",
+              "distributed=data", "distributed.num_processes=2", "distributed.initialization_timeout=60",
+              f"distributed.coordinator_address=127.0.0.1:{port}"]
+    env = {**_device_env(1), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+    procs = [subprocess.Popen([sys.executable, *common, f"distributed.process_id={k}",
+                               f"hydra.run.dir={tmp_path / f'process{k}'}"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(2)]
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=240))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("the two processes did not finish within 240 s")
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    mesh = "mesh: b over 2 cpu device(s) on 2 host(s)"
+    assert any(line.startswith(mesh) for line in outputs[0][0].splitlines()), outputs[0][0]
+    alone = train(config("env=gymnax_cartpole", *TINY, "cache_dir=off"), tmp_path / "alone", progress=False)
+    reference = np.load(alone.checkpoint)
+    for k in range(2):
+        saved = np.load(tmp_path / f"process{k}" / "checkpoints" / "last.npz")
+        for name in (n for n in reference.files if n != CONFIG_KEY):
+            if reference[name].dtype.kind == "f":
+                np.testing.assert_allclose(saved[name], reference[name], rtol=1e-5, atol=1e-5, err_msg=name)
+            else:
+                np.testing.assert_array_equal(saved[name], reference[name], err_msg=name)
