@@ -508,6 +508,8 @@ register("identity", lambda x, out_type=None: (out_type or x,), lambda xp, p, x:
          linear=(0,), keeps_zero=True)
 # The value unchanged; gradients do not flow through it.
 register("detach", _same, lambda xp, p, x: x, elementwise=True, linear=(0,), keeps_zero=True)
+
+
 def _shard(xp: Any, p: dict, x: Any) -> Any:
     """``x`` unchanged, its axis ``dim`` split over the devices of the backend's mesh
     (``XlaNamespace.place_on_mesh``); a backend without one (NumPy) returns ``x``."""

@@ -285,7 +285,6 @@ class HostArrays:
         return np.zeros(shape, dtype)
 
 
-
 class SplitPointStore(PointStore):
     """A point store on a backend with a device mesh: it also counts the bytes of the
     values split over several of the mesh's devices (``MemoryStats.split``)."""
@@ -298,9 +297,8 @@ class SplitPointStore(PointStore):
         self.stats.split.add(self._split_bytes(value, value.nbytes))
 
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
-        before = len(self.data.rows)
-        super().write_rows(points, values, rows)
-        if len(self.data.rows) > before or 2 * len(rows) >= values.shape[0]:  # kept as rows
+        super().write_rows(points, values, rows)  # fewer than half the rows: through write
+        if 2 * len(rows) >= values.shape[0]:  # kept as rows of ``values``
             self.stats.split.add(len(points) * self._split_bytes(values, self._row_bytes(values)))
 
     def free(self, point: tuple[int, ...]) -> None:
