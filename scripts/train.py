@@ -40,7 +40,8 @@ def main(cfg: DictConfig) -> float:
     try:
         split = distributed.distribution(plain)  # several hosts join here, before JAX runs
         print(describe_backend(str(cfg.backend)))
-        print(distributed.describe(split, int(plain["env"].get("num_envs", 8))))
+        if split is not None:
+            print(distributed.describe(split, int(plain["env"].get("num_envs", 8))))
         result = train(plain, out_dir, progress=bool(cfg.progress))
     except (ConfigError, TempoError, RunDirError, TrainingDiverged) as e:
         sys.exit(f"error: {e}")  # a message, not a traceback: exit status 1

@@ -149,10 +149,8 @@ def _wait_for_coordinator(host: str, port: int, opts: DistributedOptions) -> Non
             time.sleep(0.5)
 
 
-def describe(dist: tp.Distribution | None, num_envs: int) -> str:
+def describe(dist: tp.Distribution, num_envs: int) -> str:
     """One line for the run's first output: the mesh the env dim is split over."""
-    if dist is None:
-        return "devices: one (distributed=none)"
     import jax
     devices = jax.devices()[:dist.devices or jax.device_count()]
     hosts = len({d.process_index for d in devices})
