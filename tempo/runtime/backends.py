@@ -193,7 +193,7 @@ class JaxBackend:
         key = ("const", op_id)
         kernel = self._by_op.get(key)
         if kernel is None:
-            on_device = self.jnp.asarray(value)
+            on_device = self.jnp.asarray(value) if self.mesh is None else self.replicated(value)
             kernel = self._by_op[key] = lambda params: on_device
         return kernel
 
@@ -264,6 +264,12 @@ class JaxBackend:
             return self.jnp.asarray(np.stack([np.asarray(v) for v in values]))
         stacked = self.jnp.stack(values)
         return self.jax.block_until_ready(stacked) if self.one_at_a_time else stacked
+
+    def replicated(self, value: np.ndarray) -> Any:
+        """``value`` on every device of the mesh (a kernel reading a value on one device
+        would copy it to the others at every call)."""
+        from jax.sharding import NamedSharding, PartitionSpec
+        return self.jax.device_put(value, NamedSharding(self.mesh, PartitionSpec()))
 
     def is_split(self, value: Any) -> bool:
         """Whether ``value`` is split over several devices (parts of it on each)."""

@@ -20,6 +20,7 @@ NO_GRADIENT_RULE = {
     "scatter_gather": "made by autodiff (gather's gradient); not differentiated again",
     "fused": "made by the fusion pass, after differentiation",
     "mask_rows": "made by the tiling pass, after differentiation",
+    "shard": "made by the parallel pass under a Distribution, after differentiation",
 }
 NO_BATCHING_RULE = {
     "const": "has no point to batch over",

@@ -51,6 +51,7 @@ EXAMPLES = {  # kind -> (params, a function making its inputs)
     "abs": ({}, lambda: [_x(2, 3)]),
     "sin": ({}, lambda: [_x(2, 3)]),
     "floor": ({}, lambda: [_x(2, 3)]),
+    "shard": ({"dim": 0}, lambda: [_x(2, 3)]),  # NumPy has no mesh: the value as it is
 }
 NO_KERNEL = {"sum_readers": "autodiff's transpose of an edge: the runtime sums what readers read"}
 

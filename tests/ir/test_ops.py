@@ -171,6 +171,8 @@ NOT_VECTORIZED_HERE = {
     "scatter_gather": "made by autodiff (tests/passes/test_vectorize.py differentiates through gather)",
     "pad": "made by autodiff as slice's gradient",
     "argsort": "tests/passes/test_domains.py vectorizes an epoch's permutation",
+    "shard": "made by the parallel pass under a Distribution: tests/runtime/test_distribution.py "
+             "and tests/rl/test_distributed.py vectorize it over the steps (a draw's coordinates)",
 }
 
 
