@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import tempo as tp
+from tempo.errors import TempoError
+from tempo.runtime.backends import make_mesh
 from tempo_rl.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ConfigError, check_options, option
 
 MODES = ("none", "data")
@@ -70,14 +72,12 @@ def distribution(cfg: dict[str, Any]) -> tp.Distribution | None:
 
 
 def device_count(opts: DistributedOptions) -> int:
-    """The devices the run is split over: ``devices``, else every device JAX sees."""
-    import jax
-    available = jax.device_count()
-    if opts.devices is not None and opts.devices > available:
-        raise ConfigError(f"distributed.devices={opts.devices}, but JAX sees {available} "
-                          f"({jax.devices()[0].platform}); on a CPU, "
-                          f"XLA_FLAGS=--xla_force_host_platform_device_count={opts.devices} makes more")
-    return opts.devices or available
+    """The devices the run is split over: ``devices``, else every device JAX sees (the
+    compiler's own mesh, ``tempo.runtime.backends.make_mesh``, checked here already)."""
+    try:
+        return make_mesh(opts.devices, "b").size
+    except TempoError as err:
+        raise ConfigError(f"distributed.devices={opts.devices}: {err}") from None
 
 
 def join_processes(opts: DistributedOptions) -> None:

@@ -169,8 +169,7 @@ class JaxBackend:
         launch = self._kernel(op, static_params, static_shapes, donate)
         if not self.one_at_a_time:
             return launch
-        wait = self.jax.block_until_ready
-        return lambda params, *xs: wait(launch(params, *xs))
+        return lambda params, *xs: self._settled(launch(params, *xs))
 
     def _kernel(self, op: Op, static_params: dict | None, static_shapes: bool,
                 donate: tuple[int, ...]) -> DeviceKernel:
@@ -262,8 +261,12 @@ class JaxBackend:
         mesh on the devices, which keeps the values' shardings."""
         if self._on_cpu and self.mesh is None:
             return self.jnp.asarray(np.stack([np.asarray(v) for v in values]))
-        stacked = self.jnp.stack(values)
-        return self.jax.block_until_ready(stacked) if self.one_at_a_time else stacked
+        return self._settled(self.jnp.stack(values))
+
+    def _settled(self, value: Any) -> Any:
+        """``value``, once computed where the backend runs one program at a time
+        (``one_at_a_time``)."""
+        return self.jax.block_until_ready(value) if self.one_at_a_time else value
 
     def replicated(self, value: np.ndarray) -> Any:
         """``value`` on every device of the mesh (a kernel reading a value on one device
@@ -282,8 +285,7 @@ class JaxBackend:
         """``values`` joined along their first axis (host arrays stay on the host)."""
         if all(isinstance(v, np.ndarray) for v in values):
             return np.concatenate(values)
-        joined = self.jnp.concatenate(values)
-        return self.jax.block_until_ready(joined) if self.one_at_a_time else joined
+        return self._settled(self.jnp.concatenate(values))
 
     def synchronize(self, value: Any) -> None:
         """Wait until ``value`` has been computed (dispatch is asynchronous)."""
@@ -297,15 +299,13 @@ class JaxBackend:
         point op's batched values) are indexed in place, not moved to the device whole."""
         if isinstance(values, np.ndarray):
             return values[rows]
-        taken = self._take(values, rows)
-        return self.jax.block_until_ready(taken) if self.one_at_a_time else taken
+        return self._settled(self._take(values, rows))
 
     def rows(self, values: Any, start: int, count: int) -> Any:
         """``values[start:start + count]``."""
         if isinstance(values, np.ndarray):
             return values[start:start + count]
-        rows = self._rows(values, start, count)
-        return self.jax.block_until_ready(rows) if self.one_at_a_time else rows
+        return self._settled(self._rows(values, start, count))
 
 
 class XlaNamespace:

@@ -346,15 +346,16 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     they read last, where ``last_reads`` says so, see ``tempo.schedule.memory``)."""
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
-    on_host = op.definition.host or not has_static_shapes(op, edges, set(bounds), tiled=True)
-    reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices), on_host),
+    static_shapes = not op.definition.host and has_static_shapes(op, edges, set(bounds), tiled=True)
+    reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices), host=not static_shapes),
               compile_function(e.phi, op.domain, bounds)) for e in edges]
     writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
     if op.kind == "merge":
         return _merge_launcher(op, edges, reads, writes[0], bounds)
     if op.definition.host:
         return _host_launcher(op, reads, writes, bounds, backend, shift or {})
-    return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores)
+    return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores,
+                            static_shapes)
 
 
 def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,
@@ -432,11 +433,10 @@ def _batched_point_ops(schedule: Schedule, stores: dict, bounds: dict[Symbol, in
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
                      bounds: dict[Symbol, int], backend: Backend, last_reads: dict[Edge, Expr],
-                     stores: dict) -> Launcher:
+                     stores: dict, static_shapes: bool) -> Launcher:
     multi = op.definition.multi_output
     symbolic = bool(param_symbols(op.params) & set(op.domain))  # params vary with the point
     static_params = None if symbolic else resolve_params(op.params, bounds)
-    static_shapes = has_static_shapes(op, edges, set(bounds), tiled=True)
     kernel = backend.kernel(op, static_params, static_shapes)
     domain = op.domain
     donors = [(k, compile_function([last_reads[e]], domain, bounds), stores[(e.src.id, e.src_out)])
