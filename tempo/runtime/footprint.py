@@ -5,9 +5,9 @@ Sees the schedule's statement instances one at a time in execution order (as
 hold, the way ``tempo.runtime.stores`` counts it while the program runs: a point store
 holds a point's bytes from its write to its free; a block store holds a buffer of ``T``
 rows per prefix point from the first row written until every row has been written and
-freed; swapped points and blocks are host memory, other points the backend's (the
-device, on JAX); a point whose shape varies with the point counts the bytes of its shape
-there. Only what the stores would hold is kept, never the list of instances.
+freed; swapped points and host blocks are host memory, other points and device blocks
+the backend's (the device, on JAX); a point whose shape varies with the point counts the
+bytes of its shape there. Only what the stores would hold is kept, never the list of instances.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class Prediction:
             key = (op.id, k)
             store = self.stores[key]
             if isinstance(store, BlockStore):
-                _block_step(self.footprint.host, store, self.blocks.setdefault(key, {}), kind, point)
+                on = self.footprint.device if store.buffers.on_device else self.footprint.host
+                _block_step(on, store, self.blocks.setdefault(key, {}), kind, point)
                 continue
             counter = self.footprint.host if isinstance(store, SwappedStore) else self.footprint.device
             held = self.live.setdefault(key, {})

@@ -368,23 +368,122 @@ def _empty(index: tuple) -> bool:
     return any(isinstance(i, slice) and i.stop <= i.start for i in index)
 
 
+class HostBuffers:
+    """Block buffers in host memory (NumPy): rows are written in place; a slice read is a
+    view of the buffer, handed to readers through ``view`` (``JaxBackend.view_of_host``:
+    the rows as a device array without a copy where the device is this host's memory)."""
+
+    on_device = False
+
+    def __init__(self, view: Callable[[np.ndarray], Any] = lambda rows: rows):
+        self.view = view
+
+    @staticmethod
+    def allocate(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        return aligned_zeros(shape, dtype)
+
+    @staticmethod
+    def incoming(value: Any) -> np.ndarray:
+        """A written value as the buffers hold it (a device value is copied to the host)."""
+        return np.asarray(value)
+
+    @staticmethod
+    def set_row(block: np.ndarray, k: int, row: Any) -> np.ndarray:
+        block[k] = row
+        return block
+
+    @staticmethod
+    def set_rows(block: np.ndarray, ks: list[int], values: np.ndarray, taken: list[int]) -> np.ndarray:
+        block[ks] = values[taken]
+        return block
+
+    @staticmethod
+    def rows(block: np.ndarray, start: int, count: int) -> np.ndarray:
+        return block[start:start + count]
+
+    @staticmethod
+    def gather(block: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        return block[slots]
+
+    @staticmethod
+    def zeros(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    @staticmethod
+    def stack(values: list[Any]) -> np.ndarray:
+        return np.stack(values)
+
+    @staticmethod
+    def concatenate(values: list[Any]) -> np.ndarray:
+        return np.concatenate(values)
+
+    @staticmethod
+    def copy(rows: np.ndarray) -> np.ndarray:
+        """Rows that later writes to the buffer will not change."""
+        return rows.copy()
+
+
+class DeviceBuffers:
+    """Block buffers in the backend's memory (the device, on JAX), for stores whose slice
+    readers are device kernels with static shapes (``tempo.passes.tile`` makes a growing
+    slice such as ``k[0:t+1]`` one): a row is written by a kernel that takes the buffer
+    over (no copy, no wait for the value), a slice read is one dynamic slice, and nothing
+    goes through the host (a host buffer waits for every written value and copies it)."""
+
+    on_device = True
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.allocate = backend.zeros
+        self.zeros = backend.zeros
+        self.stack = backend.stack
+        self.concatenate = backend.concatenate
+
+    def view(self, rows: Any) -> Any:
+        return rows
+
+    @staticmethod
+    def incoming(value: Any) -> Any:
+        return value
+
+    def set_row(self, block: Any, k: int, row: Any) -> Any:
+        return self.backend.update_rows(block, np.int32(k), row)
+
+    def set_rows(self, block: Any, ks: list[int], values: Any, taken: list[int]) -> Any:
+        rows = values if taken == list(range(len(values))) else self.backend.take(values, np.asarray(taken))
+        return self.backend.update_rows(block, np.asarray(ks, np.int32), rows)
+
+    def rows(self, block: Any, start: int, count: int) -> Any:
+        """A copy, even of the whole buffer: the next write takes the buffer over."""
+        return self.backend.rows(block, start, count)
+
+    def gather(self, block: Any, slots: Any) -> Any:
+        return self.backend.take(block, slots)
+
+    @staticmethod
+    def copy(rows: Any) -> Any:
+        """Device slices are already copies."""
+        return rows
+
+
 class BlockStore:
     """A preallocated buffer along the innermost dim for each prefix point.
 
     For RTs read through slices of their innermost dim (``x[0:t+1]``, ``x[t:T]``,
     windows): a slice read is one buffer slice instead of a stack of points. A buffer is
     released once each of its rows has been written and freed (reallocating it whenever
-    it is momentarily empty would cost O(T) per step). Buffers are host (NumPy) memory:
-    their readers have point-varying shapes, which run on the host until tiling makes
-    them static.
+    it is momentarily empty would cost O(T) per step). Buffers are host memory
+    (``HostBuffers``) where some reader runs on the host (shapes that vary by point, until
+    tiling makes them static), else the device's (``DeviceBuffers``).
     """
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
-                 view: Callable[[np.ndarray], Any] = lambda rows: rows, rows: int | None = None):
+                 view: Callable[[np.ndarray], Any] = lambda rows: rows, rows: int | None = None,
+                 buffers: HostBuffers | DeviceBuffers | None = None):
         self.stats = stats
-        self.view = view
-        """How a slice read leaves the store (``JaxBackend.view_of_host``: the rows as a
-        device array without a copy where the device is this host's memory)."""
+        self.buffers = buffers or HostBuffers(view)
+        """Where the buffers live and how rows move in and out of them."""
+        self.bytes = stats.device if self.buffers.on_device else stats.host
         self.length, self.shape, self.dtype = length, shape, dtype
         self.rows = max(length, rows or 0)
         """Rows of a buffer: the dim's points, and more where a padded read runs past them
@@ -399,7 +498,7 @@ class BlockStore:
 
     def write(self, point: tuple[int, ...], value: Any) -> None:
         prefix, k = point[:-1], point[-1]
-        self._put(prefix, k, np.asarray(value))
+        self._put(prefix, k, self.buffers.incoming(value))
         self.produced[prefix].add(k)
         if k not in self.live[prefix]:
             self.live[prefix].add(k)
@@ -407,17 +506,16 @@ class BlockStore:
             self.stats.peak = max(self.stats.peak, self.stats.live)
 
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
-        """Write row ``rows[n]`` of ``values`` at ``points[n]``, copied to host memory at
-        once, one copy per buffer."""
-        host = np.asarray(values)
+        """Write row ``rows[n]`` of ``values`` at ``points[n]``, one copy per buffer."""
+        values = self.buffers.incoming(values)
         by_prefix: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
         for point, row in zip(points, rows):
             ks, taken = by_prefix.setdefault(point[:-1], ([], []))
             ks.append(point[-1])
             taken.append(row)
         for prefix, (ks, taken) in by_prefix.items():
-            if not self._adopted(prefix, host, ks, taken):
-                self._block(prefix)[ks] = host[taken]
+            if not self._adopted(prefix, values, ks, taken):
+                self.blocks[prefix] = self.buffers.set_rows(self._block(prefix), ks, values, taken)
             self.produced[prefix].update(ks)
             live = self.live[prefix]
             new = len(set(ks) - live)
@@ -425,31 +523,30 @@ class BlockStore:
             self.stats.live += new
             self.stats.peak = max(self.stats.peak, self.stats.live)
 
-    def _put(self, prefix: tuple[int, ...], k: int, row: np.ndarray) -> None:
-        self._block(prefix)[k] = row
+    def _put(self, prefix: tuple[int, ...], k: int, row: Any) -> None:
+        self.blocks[prefix] = self.buffers.set_row(self._block(prefix), k, row)
 
-    def _adopted(self, prefix: tuple[int, ...], host: np.ndarray, ks: list[int], taken: list[int]) -> bool:
-        """Whether the rows ``taken`` of ``host`` became the buffer of ``prefix`` as they
+    def _adopted(self, prefix: tuple[int, ...], values: Any, ks: list[int], taken: list[int]) -> bool:
+        """Whether the rows ``taken`` of ``values`` became the buffer of ``prefix`` as they
         are: every row of a buffer not yet made, in order, one contiguous slice (a lowered
         acting loop's stacked observations; copying them would hold two copies at once)."""
         if prefix in self.blocks or len(ks) != self.length or ks != list(range(self.length)) \
                 or taken != list(range(taken[0], taken[0] + self.length)):
             return False
-        block = host[taken[0]:taken[0] + self.length]
-        if block.shape[1:] != self.shape or block.dtype != np.dtype(self.dtype):
+        if tuple(values.shape[1:]) != self.shape or np.dtype(values.dtype) != np.dtype(self.dtype):
             return False
-        self.blocks[prefix] = block
+        block = self.blocks[prefix] = self.buffers.rows(values, taken[0], self.length)
         self.live[prefix], self.produced[prefix] = set(), set()
-        self.stats.host.add(block.nbytes)
+        self.bytes.add(block.nbytes)
         return True
 
-    def _block(self, prefix: tuple[int, ...]) -> np.ndarray:
+    def _block(self, prefix: tuple[int, ...]) -> Any:
         """The buffer of ``prefix``, allocated at its first write."""
         block = self.blocks.get(prefix)
         if block is None:
-            block = self.blocks[prefix] = aligned_zeros((self.rows, *self.shape), self.dtype)
+            block = self.blocks[prefix] = self.buffers.allocate((self.rows, *self.shape), self.dtype)
             self.live[prefix], self.produced[prefix] = set(), set()
-            self.stats.host.add(block.nbytes)
+            self.bytes.add(block.nbytes)
         return block
 
     def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
@@ -461,43 +558,62 @@ class BlockStore:
         block = self.blocks.get(prefix)
         if block is None or any(point[:-1] != prefix for point in points):
             return None
-        return block[np.fromiter((self._slot(prefix, point[-1]) for point in points), np.int64, len(points))]
+        slots = np.fromiter((self._slot(prefix, point[-1]) for point in points), np.int64, len(points))
+        return self.buffers.gather(block, slots)
 
     def _slot(self, prefix: tuple[int, ...], k: int) -> int:
         """The buffer row holding point ``k`` of ``prefix``."""
         return k
 
     def reader(self, slices: bool, host: bool = False) -> Callable[[tuple], Any]:
-        """Reads of the block's rows (host memory either way: ``host`` changes nothing)."""
+        """Reads of the block's rows (``host`` changes nothing: a store with host readers
+        has host buffers)."""
         return self.read if slices else self.read_point
 
     def read_point(self, index: tuple) -> Any:
-        return self.blocks[index[:-1]][index[-1]]
+        return self._rows(index[:-1], index[-1])
 
     def read(self, index: tuple) -> Any:
         prefix, last = index[:-1], index[-1]
         if isinstance(last, slice) and last.stop <= last.start or _empty(prefix):
-            return np.zeros((*padded_sizes(index), *self.shape), self.dtype)
+            return self.buffers.zeros((*padded_sizes(index), *self.shape), self.dtype)
         if any(isinstance(i, slice) for i in prefix):
             axes = [range(i.start, i.stop) if isinstance(i, slice) else (i,) for i in prefix]
             sizes = tuple(len(a) for a in axes if isinstance(a, range))
             rows = [self._rows(p, last) for p in itertools.product(*axes)]
-            return self.view(np.stack(rows).reshape(sizes + tuple(rows[0].shape)))
-        return self.view(self._rows(prefix, last))
+            return self.buffers.view(self.buffers.stack(rows).reshape(sizes + tuple(rows[0].shape)))
+        return self.buffers.view(self._rows(prefix, last))
 
-    def _rows(self, prefix: tuple[int, ...], last: int | slice) -> np.ndarray:
+    def block_slice(self, index: tuple) -> tuple[Any, int, int] | None:
+        """A slice read of ``index`` as ``(buffer, first row, rows)`` for a kernel that
+        slices the buffer itself (``JaxBackend.block_reading_kernel``: XLA fuses the slice
+        into the kernel, no copy), where the buffers are on the device and the read is one
+        run of rows of one buffer; else None (``read`` it)."""
+        if not self.buffers.on_device:
+            return None
+        prefix, last = index[:-1], index[-1]
+        block = self.blocks.get(prefix)
+        if block is None or not isinstance(last, slice):
+            return None
+        rows = last.stop - last.start if last.step is None else last.step
+        start = self._slot(prefix, last.start)
+        if rows <= 0 or start + rows > block.shape[0]:
+            return None
+        return block, start, rows
+
+    def _rows(self, prefix: tuple[int, ...], last: int | slice) -> Any:
         """The stored rows of ``prefix`` at ``last`` (a point or a run of points; a padded
         run goes on with the buffer's next rows, unwritten or stale, and zeros past its
         end: the readers mask them)."""
-        block = self.blocks[prefix]
+        block, buffers = self.blocks[prefix], self.buffers
         if not isinstance(last, slice):
-            return block[self._slot(prefix, last)]
+            return buffers.gather(block, self._slot(prefix, last))
         start = self._slot(prefix, last.start)
         rows = last.stop - last.start if last.step is None else last.step
         if start + rows <= len(block):
-            return block[start:start + rows]
-        tail = np.zeros((start + rows - len(block), *self.shape), self.dtype)
-        return np.concatenate([block[start:], tail])
+            return buffers.rows(block, start, rows)
+        tail = buffers.zeros((start + rows - len(block), *self.shape), self.dtype)
+        return buffers.concatenate([buffers.rows(block, start, len(block) - start), tail])
 
     def free(self, point: tuple[int, ...]) -> None:
         prefix, k = point[:-1], point[-1]
@@ -525,7 +641,7 @@ class BlockStore:
     def _release_if_done(self, prefix: tuple[int, ...]) -> None:
         """Release the buffer of ``prefix`` once each row was written and freed."""
         if not self.live[prefix] and len(self.produced[prefix]) == self.length:
-            self.stats.host.now -= self.blocks[prefix].nbytes
+            self.bytes.now -= self.blocks[prefix].nbytes
             del self.blocks[prefix], self.live[prefix], self.produced[prefix]
 
 
@@ -544,19 +660,20 @@ class WindowStore(BlockStore):
     rows are rewritten) instead of losing one."""
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
-                 capacity: int, view: Callable[[np.ndarray], Any] = lambda rows: rows):
-        super().__init__(stats, length, shape, dtype, view)
+                 capacity: int, view: Callable[[np.ndarray], Any] = lambda rows: rows,
+                 buffers: HostBuffers | DeviceBuffers | None = None):
+        super().__init__(stats, length, shape, dtype, view, buffers=buffers)
         self.capacity: dict[tuple[int, ...], int] = {}
         self.initial = capacity
         self.written: dict[tuple[int, ...], dict[int, int]] = {}
         """Per prefix: ring slot -> the point whose row it holds."""
 
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
-        host = np.asarray(values)
+        values = self.buffers.incoming(values)
         for point, row in zip(points, rows):
-            self.write(point, host[row])
+            self.write(point, self.buffers.gather(values, row))
 
-    def _block(self, prefix: tuple[int, ...]) -> np.ndarray:
+    def _block(self, prefix: tuple[int, ...]) -> Any:
         block = self.blocks.get(prefix)
         if block is None:
             block = self._allocate(prefix, self.initial)
@@ -568,14 +685,15 @@ class WindowStore(BlockStore):
         when it spans the whole dim."""
         return capacity if capacity >= self.length else 2 * capacity
 
-    def _allocate(self, prefix: tuple[int, ...], capacity: int) -> np.ndarray:
+    def _allocate(self, prefix: tuple[int, ...], capacity: int) -> Any:
         """An empty ring of ``capacity`` slots for ``prefix``."""
         self.capacity[prefix], self.written[prefix] = capacity, {}
-        block = self.blocks[prefix] = aligned_zeros((self.buffer_rows(capacity), *self.shape), self.dtype)
-        self.stats.host.add(block.nbytes)
+        rows = self.buffer_rows(capacity)
+        block = self.blocks[prefix] = self.buffers.allocate((rows, *self.shape), self.dtype)
+        self.bytes.add(block.nbytes)
         return block
 
-    def _put(self, prefix: tuple[int, ...], k: int, row: np.ndarray) -> None:
+    def _put(self, prefix: tuple[int, ...], k: int, row: Any) -> None:
         self._block(prefix)
         while True:
             slot = k % self.capacity[prefix]
@@ -583,16 +701,17 @@ class WindowStore(BlockStore):
             if held is None or held == k or held not in self.live[prefix]:
                 break
             self._grow(prefix)  # the slot's point is still needed
-        block = self.blocks[prefix]
-        block[slot] = row
+        block = self.buffers.set_row(self.blocks[prefix], slot, row)
         if self.capacity[prefix] < self.length:
-            block[slot + self.capacity[prefix]] = row
+            block = self.buffers.set_row(block, slot + self.capacity[prefix], row)
+        self.blocks[prefix] = block
         self.written[prefix][slot] = k
 
     def _grow(self, prefix: tuple[int, ...]) -> None:
         old, capacity = self.blocks[prefix], self.capacity[prefix]
-        rows = {k: old[slot] for slot, k in self.written[prefix].items() if k in self.live[prefix]}
-        self.stats.host.now -= old.nbytes
+        live = self.live[prefix]
+        rows = {k: self.buffers.gather(old, slot) for slot, k in self.written[prefix].items() if k in live}
+        self.bytes.now -= old.nbytes
         self._allocate(prefix, min(2 * capacity, self.length))  # at most the whole dim
         for k, row in rows.items():
             self._put(prefix, k, row)
@@ -600,15 +719,12 @@ class WindowStore(BlockStore):
     def _slot(self, prefix: tuple[int, ...], k: int) -> int:
         return k % self.capacity[prefix]
 
-    def read_point(self, index: tuple) -> Any:
-        return self._rows(index[:-1], index[-1])
-
-    def _rows(self, prefix: tuple[int, ...], last: int | slice) -> np.ndarray:
+    def _rows(self, prefix: tuple[int, ...], last: int | slice) -> Any:
         # A copy: a ring's rows are overwritten later. Not aligned on purpose: handing a copy
         # to JAX as a device array (``view_of_host``) cost 80 us a read, more than the copy
         # a jitted kernel makes of a NumPy argument (window decoding, 1024 tokens: ~780 -> ~1000
         # tokens/s).
-        return super()._rows(prefix, last).copy()
+        return self.buffers.copy(super()._rows(prefix, last))
 
     def _release_if_done(self, prefix: tuple[int, ...]) -> None:
         super()._release_if_done(prefix)
