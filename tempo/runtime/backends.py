@@ -29,6 +29,8 @@ class Backend(Protocol):
     """The device mesh a parallel dim is split over (JAX), or None."""
     one_at_a_time: bool
     """Kernels return once their outputs are computed (no asynchronous dispatch)."""
+    on_cpu: bool
+    """Whether the backend computes on this host's CPU (its arrays are host memory)."""
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         """The function that runs ``op`` on this backend's arrays."""
@@ -63,28 +65,6 @@ class Backend(Protocol):
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         ...
 
-    def block_reading_kernel(self, op: Op, params: dict, positions: tuple[int, ...]) -> Callable:
-        """``op``'s kernel where inputs ``positions`` are ``(buffer, first row)`` pairs of
-        device block stores, sliced inside the compiled kernel (``fn(rows, *inputs)``,
-        ``rows`` the static row count of each slice): XLA reads the rows in place instead of
-        copying them out first (a decoder's attention over ``k[0:t+1]`` at 8K positions
-        copied 2 MB per layer per token)."""
-        frozen = _freeze(op.kind, params)  # shared by ops of the same kind and params
-        cache, key = (_JIT_CACHE, ("blocks", frozen, positions, self.xp.mesh_key)) if frozen is not None \
-            else (self._by_op, ("blocks", op.id, positions))
-        kernel = cache.get(key)
-        if kernel is None:
-            fn, xp, jax = op.definition.kernel, self.xp, self.jax
-
-            def run(rows: tuple[int, ...], *xs: Any) -> Any:
-                xs = list(xs)
-                for pos, count in zip(positions, rows):
-                    block, start = xs[pos]
-                    xs[pos] = jax.lax.dynamic_slice_in_dim(block, start, count)
-                return fn(xp, params, *xs)
-            kernel = cache[key] = jax.jit(run, static_argnums=0)
-        return kernel
-
     def donatable(self, value: Any) -> bool:
         """Whether a kernel may take over ``value``'s buffer."""
         ...
@@ -102,6 +82,7 @@ class NumpyBackend:
     name = "numpy"
     mesh = None
     one_at_a_time = False
+    on_cpu = True
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         fn = op.definition.kernel
@@ -182,11 +163,12 @@ class JaxBackend:
         self.mesh = mesh
         """The ``jax.sharding.Mesh`` a parallel dim is split over (one axis, named after
         the dim; ``make_mesh``), or None: one device."""
-        self._on_cpu = jax.default_backend() == "cpu"
-        self.xp = XlaNamespace(jax, jnp, self._on_cpu, mesh)
+        self.on_cpu = jax.default_backend() == "cpu"
+        """Whether the device is this host's CPU (device arrays are host memory)."""
+        self.xp = XlaNamespace(jax, jnp, self.on_cpu, mesh)
         """The array module kernels are traced with."""
         self._many_processes = jax.process_count() > 1
-        self.one_at_a_time = self._on_cpu and mesh is not None and mesh.size > 1
+        self.one_at_a_time = self.on_cpu and mesh is not None and mesh.size > 1
         """Every kernel returns once its outputs are computed. Over several CPU devices,
         XLA runs each device's part of a program on a shared thread pool, and a collective
         (a sum over ``b``) waits for every part: with several programs in flight the
@@ -319,7 +301,7 @@ class JaxBackend:
         (``jax.device_put`` adopts it; a jitted kernel given the NumPy array would copy it
         at every call, and several calls in flight hold a copy each); other rows stay
         NumPy arrays, which kernels convert."""
-        if self._on_cpu and rows.nbytes >= VIEW_MIN_BYTES and rows.flags.c_contiguous \
+        if self.on_cpu and rows.nbytes >= VIEW_MIN_BYTES and rows.flags.c_contiguous \
                 and rows.ctypes.data % ALIGNMENT == 0:
             return self.jax.device_put(rows)
         return rows
@@ -328,7 +310,7 @@ class JaxBackend:
         """One array of ``values``. On CPU through NumPy (device arrays are host memory
         there): ``jnp.stack`` dispatches once per value, 5-10 ms for 250 points. Over a
         mesh on the devices, which keeps the values' shardings."""
-        if self._on_cpu and self.mesh is None:
+        if self.on_cpu and self.mesh is None:
             return self.jnp.asarray(np.stack([np.asarray(v) for v in values]))
         return self._settled(self.jnp.stack(values))
 

@@ -317,13 +317,23 @@ def _padded_end(readers: list[Edge], bounds: dict[Symbol, int], bound_of: dict[S
     return end
 
 
+CPU_DEVICE_BUFFER_BYTES = 1 << 20
+"""On a CPU, the largest block-store buffer kept as a device array. A slice read of a device
+buffer is copied out by a program of its own, while a host buffer hands its rows to a
+kernel in place (``JaxBackend.view_of_host``) but waits for each written row: greedy
+decoding (small config) reads 2K positions of 256 bytes (batch 1, 512 KiB buffers) 1.8x
+faster from device buffers, and 2K of 2 KiB (batch 8, 4 MiB) 0.75x as fast. On an
+accelerator a host buffer would cross to the device at every read: device arrays always."""
+
+
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                bound_of: dict[Symbol, Symbol], backend: Backend, stats: MemoryStats,
                swapped: bool, window: int | None = None, on_device: Collection[int] = ()) -> Any:
     """The store of output ``k`` of ``op``. Where readers slice its innermost dim, a block
     store, whose buffers are on the device where every such reader is a merge or an op in
-    ``on_device`` (device kernels with static shapes), else in host memory; otherwise a
-    point store (in host memory if ``swapped``; counting split values over a mesh)."""
+    ``on_device`` (device kernels with static shapes) and, on a CPU, a buffer holds at most
+    ``CPU_DEVICE_BUFFER_BYTES``; else in host memory. Otherwise a point store (in host
+    memory if ``swapped``; counting split values over a mesh)."""
     t = op.outputs[k]
     static = all(not (d.symbols() - set(bounds)) for d in t.shape)
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
@@ -331,13 +341,15 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     split = backend.mesh is not None  # host blocks would gather split values
     if shape is not None and inner_slices and not split:
         length = bounds[bound_of[op.domain[-1]]]
-        device = backend.name == "jax" and not swapped and all(
-            not e.slices or e.sink.kind == "merge" or e.sink.id in on_device for e in readers)
+        rows = _padded_end(readers, bounds, bound_of)
+        buffer_bytes = max(length, rows) * int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+        device = backend.name == "jax" and not swapped \
+            and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
+            and all(not e.slices or e.sink.kind == "merge" or e.sink.id in on_device for e in readers)
         buffers = DeviceBuffers(backend) if device else HostBuffers(backend.view_of_host)
         if window is not None:
             return WindowStore(stats, length, shape, t.dtype, window, buffers=buffers)
-        return BlockStore(stats, length, shape, t.dtype, rows=_padded_end(readers, bounds, bound_of),
-                          buffers=buffers)
+        return BlockStore(stats, length, shape, t.dtype, rows=rows, buffers=buffers)
 
     def empty(sizes: tuple[int, ...]) -> Any:
         if shape is None:
@@ -453,10 +465,6 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     domain = op.domain
     donors = [(k, compile_function([last_reads[e]], domain, bounds), stores[(e.src.id, e.src_out)])
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
-    blocks = [k for k, e in enumerate(edges) if _device_block_slice(e, stores)]
-    if blocks and static_params is not None and static_shapes and backend.name == "jax":
-        return _block_reading_launcher(op, edges, reads, writes, static_params, backend, kernel,
-                                       blocks, stores)
     if donors and static_params is not None and static_shapes:
         return _donating_launcher(op, reads, writes, static_params, backend, kernel, donors)
     if len(reads) == 1 and len(writes) == 1 and not symbolic and not multi:
@@ -471,48 +479,6 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
         params = resolve_params(op.params, {**bounds, **dict(zip(domain, point))}) \
             if symbolic else static_params
         outs = kernel(params, *(read(phi(*point)) for read, phi in reads))
-        for write, value in zip(writes, outs if multi else (outs,)):
-            write(point, value)
-    return launch
-
-
-def _device_block_slice(edge: Edge, stores: dict) -> bool:
-    """Whether ``edge`` reads a slice of the innermost dim only (points of the others) of a
-    block store whose buffers are on the device."""
-    store = stores[(edge.src.id, edge.src_out)]
-    return isinstance(store, BlockStore) and store.buffers.on_device and bool(edge.phi) \
-        and isinstance(edge.phi[-1], Slice) and not any(isinstance(i, Slice) for i in edge.phi[:-1])
-
-
-def _block_reading_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
-                            params: dict, backend: Backend, kernel: Callable, blocks: list[int],
-                            stores: dict) -> Launcher:
-    """A device launcher whose slice reads of device block stores (``blocks``: input
-    positions) are sliced inside the kernel (``JaxBackend.block_reading_kernel``); where a
-    read is not one run of a buffer's rows (an empty slice, a buffer not made yet), the
-    plain kernel runs on the reads' values."""
-    multi = op.definition.multi_output
-    sliced = backend.block_reading_kernel(op, params, tuple(blocks))
-    slicers = {k: stores[(edges[k].src.id, edges[k].src_out)].block_slice for k in blocks}
-
-    def launch(point: tuple[int, ...]) -> None:
-        indices = [phi(*point) for _, phi in reads]
-        xs: list[Any] = []
-        rows = []
-        for k, index in enumerate(indices):
-            slicer = slicers.get(k)
-            if slicer is None:
-                xs.append(reads[k][0](index))
-                continue
-            found = slicer(index)
-            if found is None:
-                xs = [read(index) for (read, _), index in zip(reads, indices)]
-                outs = kernel(params, *xs)
-                break
-            xs.append(found[:2])
-            rows.append(found[2])
-        else:
-            outs = sliced(tuple(rows), *xs)
         for write, value in zip(writes, outs if multi else (outs,)):
             write(point, value)
     return launch

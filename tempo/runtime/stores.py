@@ -584,23 +584,6 @@ class BlockStore:
             return self.buffers.view(self.buffers.stack(rows).reshape(sizes + tuple(rows[0].shape)))
         return self.buffers.view(self._rows(prefix, last))
 
-    def block_slice(self, index: tuple) -> tuple[Any, int, int] | None:
-        """A slice read of ``index`` as ``(buffer, first row, rows)`` for a kernel that
-        slices the buffer itself (``JaxBackend.block_reading_kernel``: XLA fuses the slice
-        into the kernel, no copy), where the buffers are on the device and the read is one
-        run of rows of one buffer; else None (``read`` it)."""
-        if not self.buffers.on_device:
-            return None
-        prefix, last = index[:-1], index[-1]
-        block = self.blocks.get(prefix)
-        if block is None or not isinstance(last, slice):
-            return None
-        rows = last.stop - last.start if last.step is None else last.step
-        start = self._slot(prefix, last.start)
-        if rows <= 0 or start + rows > block.shape[0]:
-            return None
-        return block, start, rows
-
     def _rows(self, prefix: tuple[int, ...], last: int | slice) -> Any:
         """The stored rows of ``prefix`` at ``last`` (a point or a run of points; a padded
         run goes on with the buffer's next rows, unwritten or stale, and zeros past its

@@ -1,0 +1,148 @@
+"""Block and window stores with their buffers on the device (``DeviceBuffers``) hold,
+deliver and count exactly what the same stores with host buffers do, and programs get the
+reference evaluator's values with either."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.passes import PIPELINE
+from tempo.reference import evaluate
+
+jax = pytest.importorskip("jax")
+
+
+def _store(kind: str, device: bool):
+    from tempo.runtime.backends import JaxBackend
+    from tempo.runtime.stores import BlockStore, DeviceBuffers, HostBuffers, MemoryStats, WindowStore
+    stats = MemoryStats()
+    buffers = DeviceBuffers(JaxBackend()) if device else HostBuffers()
+    if kind == "block":
+        return BlockStore(stats, 12, (3,), "float32", rows=16, buffers=buffers), stats
+    return WindowStore(stats, 12, (3,), "float32", capacity=4, buffers=buffers), stats
+
+
+@pytest.mark.parametrize("kind", ["block", "window"])
+def test_device_buffers_behave_as_host_buffers(kind):
+    """A random run of writes (one row, several rows of a stacked array), frees and reads
+    (points, slices, padded slices, gathered rows) gives the same values from both stores,
+    equal to the values written, and the same counts; the device store counts its bytes as
+    device bytes, the host one as host bytes."""
+    rng = np.random.default_rng(3)
+    host, host_stats = _store(kind, device=False)
+    device, device_stats = _store(kind, device=True)
+    written: dict[tuple[int, int], np.ndarray] = {}
+    k = {0: 0, 1: 0}  # next row per prefix; a window reads at most 4 back
+    for _ in range(60):
+        prefix = int(rng.integers(2))
+        action = rng.random()
+        if action < 0.45 and k[prefix] < 12:
+            value = rng.normal(size=3).astype(np.float32)
+            for store in (host, device):
+                store.write((prefix, k[prefix]), value if store is host else jax.numpy.asarray(value))
+            written[prefix, k[prefix]] = value
+            k[prefix] += 1
+        elif action < 0.55 and k[prefix] <= 9:
+            rows = rng.normal(size=(5, 3)).astype(np.float32)
+            points = [(prefix, k[prefix] + n) for n in range(3)]
+            for store in (host, device):
+                store.write_rows(points, rows if store is host else jax.numpy.asarray(rows), [1, 2, 3])
+            written.update({p: rows[n + 1] for n, p in enumerate(points)})
+            k[prefix] += 3
+        elif action < 0.75 and (prefix, k[prefix] - 1) in written:
+            stop = k[prefix]
+            start = stop - 1  # a run of live points ending at the last, at most 4 long
+            while start > max(0, stop - 4) and (prefix, start - 1) in written:
+                start -= 1
+            index = (prefix, slice(start, stop))
+            expected = np.stack([written[prefix, j] for j in range(start, stop)])
+            for store in (host, device):
+                np.testing.assert_array_equal(np.asarray(store.read(index)), expected)
+            padded = (prefix, slice(start, stop, 4))  # padded to 4 rows: the points first
+            for store in (host, device):
+                got = np.asarray(store.read(padded))
+                assert got.shape == (4, 3)
+                np.testing.assert_array_equal(got[:stop - start], expected)
+            points = [(prefix, j) for j in range(start, stop)]
+            for store in (host, device):
+                np.testing.assert_array_equal(np.asarray(store.stacked(points)), expected)
+                np.testing.assert_array_equal(np.asarray(store.read_point(points[-1])), expected[-1])
+        elif k[prefix] > 0:
+            point = (prefix, int(rng.integers(max(0, k[prefix] - 2), k[prefix])))
+            for store in (host, device):
+                store.free(point)
+            written.pop(point, None)
+        assert host_stats.live == device_stats.live
+        assert host_stats.host.now == device_stats.device.now and device_stats.host.now == 0
+        assert host.blocks.keys() == device.blocks.keys()
+    assert host_stats.peak == device_stats.peak
+    assert host_stats.host.peak == device_stats.device.peak
+
+
+def test_a_written_device_buffer_is_not_copied_out():
+    """A row written into a device buffer stays a device array (no host copy, no wait):
+    the buffer is a JAX array, updated in place, and a slice read is one too."""
+    store, _ = _store("block", device=True)
+    store.write((0, 0), jax.numpy.ones(3, np.float32))
+    assert isinstance(store.blocks[(0,)], jax.Array)
+    assert isinstance(store.read((0, slice(0, 1))), jax.Array)
+
+
+def _causal_sums(tile: int | None = None):
+    """``s[t] = sum(x[0:t+1] * w)`` over ``t``: a growing slice read by a device kernel."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32))[t]
+        y = x.tanh() * 2.0  # stored: computed per point
+        w = tp.const(np.linspace(-1, 1, 3).astype(np.float32))
+        s = (y[0:t + 1] * w).sum(-1).sum(0)
+    return ctx, {T: 40}, s
+
+
+def test_a_growing_slice_read_by_a_jitted_kernel_stays_on_the_device():
+    """With tiles (static shapes), the slice's store keeps its buffer on the device; the
+    values are the reference evaluator's."""
+    ctx, bounds, s = _causal_sums()
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    from tempo.runtime.stores import BlockStore
+    blocks = [store for store in _stores_of(exe).values() if isinstance(store, BlockStore)]
+    assert blocks and all(store.buffers.on_device for store in blocks)
+    assert exe.stats.peak_host_bytes == 0 and exe.stats.peak_device_bytes > 0
+
+
+def test_a_large_buffer_on_a_cpu_stays_in_host_memory(monkeypatch):
+    """On a CPU a buffer larger than ``CPU_DEVICE_BUFFER_BYTES`` is host memory (its reads
+    are handed over in place); the values do not change."""
+    from tempo.runtime import executable
+    monkeypatch.setattr(executable, "CPU_DEVICE_BUFFER_BYTES", 16)
+    ctx, bounds, s = _causal_sums()
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    assert exe.stats.peak_host_bytes > 0 and exe.backend.on_cpu
+
+
+def test_a_slice_read_on_the_host_keeps_a_host_buffer():
+    """Without tiles the slice's readers have shapes that vary by point and run on the
+    host: the buffer stays in host memory, and the values are the reference's."""
+    ctx, bounds, s = _causal_sums()
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", passes=[name for name, _ in PIPELINE if name != "tile"])
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    assert exe.stats.peak_host_bytes > 0
+
+
+def _stores_of(exe):
+    """The stores a run of ``exe`` makes (as ``Executable.run`` makes them)."""
+    from tempo.runtime import executable
+    from tempo.runtime.stores import MemoryStats
+    return executable._make_stores(exe.graph, exe.bounds, exe.ctx.bound_of, exe.backend, MemoryStats(),
+                                   exe.swapped, exe.windows)
