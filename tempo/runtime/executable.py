@@ -330,8 +330,9 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                bound_of: dict[Symbol, Symbol], backend: Backend, stats: MemoryStats,
                swapped: bool, window: int | None = None, on_device: Collection[int] = ()) -> Any:
     """The store of output ``k`` of ``op``. Where readers slice its innermost dim, a block
-    store, whose buffers are on the device where every such reader is a merge or an op in
-    ``on_device`` (device kernels with static shapes) and, on a CPU, a buffer holds at most
+    store, whose buffers are on the device where ``op`` and every such reader but merges
+    are ops in ``on_device`` (device kernels with static shapes; values a host op or a
+    merge writes are host arrays already) and, on a CPU, a buffer holds at most
     ``CPU_DEVICE_BUFFER_BYTES``; else in host memory. Otherwise a point store (in host
     memory if ``swapped``; counting split values over a mesh)."""
     t = op.outputs[k]
@@ -343,7 +344,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         length = bounds[bound_of[op.domain[-1]]]
         rows = _padded_end(readers, bounds, bound_of)
         buffer_bytes = max(length, rows) * int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-        device = backend.name == "jax" and not swapped \
+        device = backend.name == "jax" and not swapped and op.id in on_device \
+            and op.kind != "merge" and op.definition.batched is None \
             and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
             and all(not e.slices or e.sink.kind == "merge" or e.sink.id in on_device for e in readers)
         buffers = DeviceBuffers(backend) if device else HostBuffers(backend.view_of_host)
