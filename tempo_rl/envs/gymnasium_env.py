@@ -14,7 +14,6 @@ and the env is reset in the same step. Between iterations the envs' state is kep
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -41,8 +40,6 @@ class GymnasiumEnv(EnvBase):
         self.num_actions = int(self.action_space.n) if self.discrete else None
         self.action_shape = () if self.discrete else tuple(self.action_space.shape)
         self._restored_obs: np.ndarray | None = None
-        self._steps: list[Callable | None] = [None] * num_envs
-        """Per env, how it steps (``direct_step``), found at its first step."""
 
     # ---- host side, one env --------------------------------------------------------
     def _reset(self, point: dict[str, int]) -> tuple[np.ndarray]:
@@ -72,12 +69,7 @@ class GymnasiumEnv(EnvBase):
             action = int(action)
         else:  # the policy's Gaussian is unbounded; the env takes actions in its box
             action = np.clip(action, self.action_space.low, self.action_space.high)
-        step = self._steps[k]
-        if step is None:  # until the wrappers' once-only work is done: through them
-            step = self._steps[k] = direct_step(self.envs[k])
-            if step is None:
-                step = self.envs[k].step
-        obs, reward, terminated, truncated, _ = step(action)
+        obs, reward, terminated, truncated, _ = self.envs[k].step(action)
         final = obs
         if terminated or truncated:
             obs, _ = self.envs[k].reset()
@@ -124,40 +116,6 @@ class GymnasiumEnv(EnvBase):
         obs[b, i, t + 1] = nxt
         return Rollout(obs, action, reward, terminated, truncated, final, extras,
                        saved_marker(saved, b, i))
-
-
-PLAIN_WRAPPERS = (gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
-"""The wrappers ``gym.make`` puts around an env by default."""
-
-
-def direct_step(env: gym.Env) -> Callable | None:
-    """How to step ``env``. Where it is wrapped only by ``gym.make``'s default wrappers
-    (``PLAIN_WRAPPERS``), a step of the env itself that then does what the time limit
-    would (its step count, ``truncated`` at the limit): the same values and wrapper state,
-    without a Python call per layer. That holds once each wrapper has done its once-only
-    work (the env checker's first-step check, the order check's reset): None before, to
-    step through the wrappers this time. Other envs: ``env.step``. Resets always go
-    through the wrappers."""
-    layers, inner = [], env
-    while isinstance(inner, gym.Wrapper):
-        layers.append(inner)
-        inner = inner.env
-    if not all(type(layer) in PLAIN_WRAPPERS for layer in layers):
-        return env.step
-    if any(getattr(layer, "checked_step", True) is False or getattr(layer, "_has_reset", True) is False
-           for layer in layers):
-        return None
-    limits = [layer for layer in layers if type(layer) is gym.wrappers.TimeLimit]
-    step = inner.step
-
-    def stepped(action: Any) -> tuple:
-        obs, reward, terminated, truncated, info = step(action)
-        for limit in limits:
-            limit._elapsed_steps += 1
-            if limit._elapsed_steps >= limit._max_episode_steps:
-                truncated = True
-        return obs, reward, terminated, truncated, info
-    return stepped
 
 
 @register_env("gymnasium")
