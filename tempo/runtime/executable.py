@@ -317,6 +317,12 @@ def _padded_end(readers: list[Edge], bounds: dict[Symbol, int], bound_of: dict[S
     return end
 
 
+def _tiled(edge: Edge) -> bool:
+    """Whether ``edge`` reads a slice padded to whole tiles (``tempo.passes.tile``)."""
+    last = edge.phi[-1]
+    return isinstance(last, Slice) and last.pad is not None
+
+
 CPU_DEVICE_BUFFER_BYTES = 1 << 20
 """On a CPU, the largest block-store buffer kept as a device array. A slice read of a device
 buffer is copied out by a program of its own, while a host buffer hands its rows to a
@@ -330,11 +336,13 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                bound_of: dict[Symbol, Symbol], backend: Backend, stats: MemoryStats,
                swapped: bool, window: int | None = None, on_device: Collection[int] = ()) -> Any:
     """The store of output ``k`` of ``op``. Where readers slice its innermost dim, a block
-    store, whose buffers are on the device where ``op`` and every such reader but merges
-    are ops in ``on_device`` (device kernels with static shapes; values a host op or a
-    merge writes are host arrays already) and, on a CPU, a buffer holds at most
-    ``CPU_DEVICE_BUFFER_BYTES``; else in host memory. Otherwise a point store (in host
-    memory if ``swapped``; counting split values over a mesh)."""
+    store. Its buffers are on the device where ``op`` and every such reader are ops in
+    ``on_device`` (device kernels with static shapes; a host op's or a merge's values are
+    host arrays already), the readers' slices are tiled (a growing slice read at every
+    step, ``tempo.passes.tile``: a host buffer would wait for each row written) and, on a
+    CPU, a buffer holds at most ``CPU_DEVICE_BUFFER_BYTES``; else in host memory.
+    Otherwise a point store (in host memory if ``swapped``; counting split values over a
+    mesh)."""
     t = op.outputs[k]
     static = all(not (d.symbols() - set(bounds)) for d in t.shape)
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
@@ -347,7 +355,7 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         device = backend.name == "jax" and not swapped and op.id in on_device \
             and op.kind != "merge" and op.definition.batched is None \
             and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
-            and all(not e.slices or e.sink.kind == "merge" or e.sink.id in on_device for e in readers)
+            and all(not e.slices or e.sink.id in on_device and _tiled(e) for e in readers)
         buffers = DeviceBuffers(backend) if device else HostBuffers(backend.view_of_host)
         if window is not None:
             return WindowStore(stats, length, shape, t.dtype, window, buffers=buffers)
