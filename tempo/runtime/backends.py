@@ -112,28 +112,6 @@ class NumpyBackend:
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return np.zeros(shape, dtype)
 
-    def block_reading_kernel(self, op: Op, params: dict, positions: tuple[int, ...]) -> Callable:
-        """``op``'s kernel where inputs ``positions`` are ``(buffer, first row)`` pairs of
-        device block stores, sliced inside the compiled kernel (``fn(rows, *inputs)``,
-        ``rows`` the static row count of each slice): XLA reads the rows in place instead of
-        copying them out first (a decoder's attention over ``k[0:t+1]`` at 8K positions
-        copied 2 MB per layer per token)."""
-        frozen = _freeze(op.kind, params)  # shared by ops of the same kind and params
-        cache, key = (_JIT_CACHE, ("blocks", frozen, positions, self.xp.mesh_key)) if frozen is not None \
-            else (self._by_op, ("blocks", op.id, positions))
-        kernel = cache.get(key)
-        if kernel is None:
-            fn, xp, jax = op.definition.kernel, self.xp, self.jax
-
-            def run(rows: tuple[int, ...], *xs: Any) -> Any:
-                xs = list(xs)
-                for pos, count in zip(positions, rows):
-                    block, start = xs[pos]
-                    xs[pos] = jax.lax.dynamic_slice_in_dim(block, start, count)
-                return fn(xp, params, *xs)
-            kernel = cache[key] = jax.jit(run, static_argnums=0)
-        return kernel
-
     def donatable(self, value: Any) -> bool:
         """NumPy kernels allocate their outputs: nothing is donated."""
         return False
@@ -242,28 +220,6 @@ class JaxBackend:
             kernel = self.jax.jit(lambda *xs: fn(xp, params, *xs), donate_argnums=donate)
             if key is not None:
                 cache[key] = kernel
-        return kernel
-
-    def block_reading_kernel(self, op: Op, params: dict, positions: tuple[int, ...]) -> Callable:
-        """``op``'s kernel where inputs ``positions`` are ``(buffer, first row)`` pairs of
-        device block stores, sliced inside the compiled kernel (``fn(rows, *inputs)``,
-        ``rows`` the static row count of each slice): XLA reads the rows in place instead of
-        copying them out first (a decoder's attention over ``k[0:t+1]`` at 8K positions
-        copied 2 MB per layer per token)."""
-        frozen = _freeze(op.kind, params)  # shared by ops of the same kind and params
-        cache, key = (_JIT_CACHE, ("blocks", frozen, positions, self.xp.mesh_key)) if frozen is not None \
-            else (self._by_op, ("blocks", op.id, positions))
-        kernel = cache.get(key)
-        if kernel is None:
-            fn, xp, jax = op.definition.kernel, self.xp, self.jax
-
-            def run(rows: tuple[int, ...], *xs: Any) -> Any:
-                xs = list(xs)
-                for pos, count in zip(positions, rows):
-                    block, start = xs[pos]
-                    xs[pos] = jax.lax.dynamic_slice_in_dim(block, start, count)
-                return fn(xp, params, *xs)
-            kernel = cache[key] = jax.jit(run, static_argnums=0)
         return kernel
 
     def donatable(self, value: Any) -> bool:

@@ -424,11 +424,12 @@ class HostBuffers:
 
 
 class DeviceBuffers:
-    """Block buffers in the backend's memory (the device, on JAX), for stores whose slice
-    readers are device kernels with static shapes (``tempo.passes.tile`` makes a growing
-    slice such as ``k[0:t+1]`` one): a row is written by a kernel that takes the buffer
-    over (no copy, no wait for the value), a slice read is one dynamic slice, and nothing
-    goes through the host (a host buffer waits for every written value and copies it)."""
+    """Block buffers in the backend's memory (the device, on JAX), for stores that a
+    device kernel writes and device kernels read in tiled slices (``tempo.passes.tile``
+    pads a growing slice such as ``k[0:t+1]``): a row is written by a kernel that takes
+    the buffer over (no copy, no wait for the value), a slice read is one dynamic slice,
+    and nothing goes through the host (a host buffer waits for every written value and
+    copies it). ``tempo.runtime.executable`` chooses between the two."""
 
     on_device = True
 
@@ -473,8 +474,8 @@ class BlockStore:
     windows): a slice read is one buffer slice instead of a stack of points. A buffer is
     released once each of its rows has been written and freed (reallocating it whenever
     it is momentarily empty would cost O(T) per step). Buffers are host memory
-    (``HostBuffers``) where some reader runs on the host (shapes that vary by point, until
-    tiling makes them static), else the device's (``DeviceBuffers``).
+    (``HostBuffers``), or the device's (``DeviceBuffers``) where a device kernel writes
+    them and device kernels read them in tiled slices.
     """
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
