@@ -276,7 +276,8 @@ def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, S
                  windows: dict[tuple[int, int], int]) -> dict:
     consumers = graph.consumers()
     known = set(bounds)
-    on_device = {op.id for op in graph.ops.values() if not op.definition.host and op.kind != "sum_readers"
+    on_device = {op.id for op in graph.ops.values()  # device kernels (a merge passes values on)
+                 if not op.definition.host and op.kind not in ("merge", "sum_readers")
                  and has_static_shapes(op, graph.in_edges(op), known, tiled=True)}
     stores = {}
     for op in graph.ops.values():
@@ -353,7 +354,6 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         rows = _padded_end(readers, bounds, bound_of)
         buffer_bytes = max(length, rows) * int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
         device = backend.name == "jax" and not swapped and op.id in on_device \
-            and op.kind != "merge" and op.definition.batched is None \
             and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
             and all(not e.slices or e.sink.id in on_device and _tiled(e) for e in readers)
         buffers = DeviceBuffers(backend) if device else HostBuffers(backend.view_of_host)
