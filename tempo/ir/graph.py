@@ -57,6 +57,10 @@ class Edge:
     src_out: int
     phi: tuple[IndexEntry, ...]
     cond: Expr = TRUE
+    rows_at: int = 0
+    """Where a read of one slice puts the slice's rows in the value it delivers: first,
+    unless ``tempo.passes.layout`` moved them to where the reader wants them (the store
+    then keeps its rows along that axis, and the reader's permute is gone)."""
 
     @property
     def slices(self) -> tuple[int, ...]:
@@ -66,7 +70,8 @@ class Edge:
     def __repr__(self) -> str:
         phi = ", ".join(map(str, self.phi))
         cond = "" if self.cond is TRUE else f" if {self.cond}"
-        return f"{self.sink.name}.in{self.sink_in} <- {self.src.name}.out{self.src_out}[{phi}]{cond}"
+        at = f" (rows at axis {self.rows_at})" if self.rows_at else ""
+        return f"{self.sink.name}.in{self.sink_in} <- {self.src.name}.out{self.src_out}[{phi}]{at}{cond}"
 
 
 @dataclass

@@ -20,6 +20,7 @@ from tempo.passes.defer import defer_statistics
 from tempo.passes.domains import reduce_domains
 from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
+from tempo.passes.layout import lay_out_reads
 from tempo.passes.lift import lift_recurrences
 from tempo.passes.parallel import vectorize_parallel_dims
 from tempo.passes.simplify import simplify_algebra
@@ -78,6 +79,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("accumulate", accumulate_sums),  # stepwise gradient sums kept running (tempo.passes.accumulate)
     ("tile", tile_dynamic_slices),   # varying-length reads padded to tiles (tempo.passes.tile)
     ("fusion", fusion),
+    ("layout", lay_out_reads),       # tiled reads delivered permuted (tempo.passes.layout)
 ]
 
 

@@ -32,7 +32,10 @@ def input_type(edge: Edge) -> TensorType:
     """What the sink reads through ``edge``: the source's type under its windows' sizes."""
     t = edge.src.outputs[edge.src_out]
     sizes = tuple(edge.phi[k].size for k in edge.slices)
-    return TensorType((*sizes, *t.shape), t.dtype)
+    shape = (*sizes, *t.shape)
+    if edge.rows_at:
+        shape = (*shape[1:edge.rows_at + 1], shape[0], *shape[edge.rows_at + 1:])
+    return TensorType(shape, t.dtype)
 
 
 def sums_every_point(op: Op, edge: Edge, dim: Symbol, size: int, bounds: dict[Symbol, int]) -> bool:

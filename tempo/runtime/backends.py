@@ -54,8 +54,12 @@ class Backend(Protocol):
     def stack(self, values: list[Any]) -> Any:
         ...
 
-    def concatenate(self, values: list[Any]) -> Any:
-        """``values`` joined along their first axis."""
+    def concatenate(self, values: list[Any], axis: int = 0) -> Any:
+        """``values`` joined along ``axis``."""
+        ...
+
+    def moveaxis(self, value: Any, source: int, destination: int) -> Any:
+        """``value`` with axis ``source`` moved to ``destination``."""
         ...
 
     def synchronize(self, value: Any) -> None:
@@ -69,10 +73,10 @@ class Backend(Protocol):
         """Whether a kernel may take over ``value``'s buffer."""
         ...
 
-    def take(self, values: Any, rows: Any) -> Any:
+    def take(self, values: Any, rows: Any, axis: int = 0) -> Any:
         ...
 
-    def rows(self, values: Any, start: int, count: int) -> Any:
+    def rows(self, values: Any, start: int, count: int, axis: int = 0) -> Any:
         ...
 
 
@@ -103,8 +107,11 @@ class NumpyBackend:
     def stack(self, values: list[Any]) -> Any:
         return np.stack(values)
 
-    def concatenate(self, values: list[Any]) -> Any:
-        return np.concatenate(values)
+    def concatenate(self, values: list[Any], axis: int = 0) -> Any:
+        return np.concatenate(values, axis)
+
+    def moveaxis(self, value: Any, source: int, destination: int) -> Any:
+        return np.moveaxis(value, source, destination)
 
     def synchronize(self, value: Any) -> None:
         """NumPy computes eagerly: nothing to wait for."""
@@ -116,13 +123,13 @@ class NumpyBackend:
         """NumPy kernels allocate their outputs: nothing is donated."""
         return False
 
-    def take(self, values: Any, rows: Any) -> Any:
-        """``values[rows]``: one row (an int) or several (an index array)."""
-        return values[rows]
+    def take(self, values: Any, rows: Any, axis: int = 0) -> Any:
+        """``values[rows]`` along ``axis``: one row (an int) or several (an index array)."""
+        return values[rows] if axis == 0 else np.take(values, rows, axis)
 
-    def rows(self, values: Any, start: int, count: int) -> Any:
-        """``values[start:start + count]``."""
-        return values[start:start + count]
+    def rows(self, values: Any, start: int, count: int, axis: int = 0) -> Any:
+        """``values[start:start + count]`` along ``axis``."""
+        return values[(slice(None),) * axis + (slice(start, start + count),)]
 
 
 class JaxBackend:
@@ -156,12 +163,14 @@ class JaxBackend:
         self._by_op: dict[tuple, Callable] = {}
         # Indexing a device array from Python costs 40 us (a slice) to 250 us (a gather);
         # these jitted forms about 9 us.
-        self._take = jax.jit(lambda values, rows: values[rows])
-        self._rows = jax.jit(lambda values, start, count: jax.lax.dynamic_slice_in_dim(values, start, count),
+        self._take = jax.jit(lambda values, rows, axis: values[(slice(None),) * axis + (rows,)],
                              static_argnums=2)
-        self._set_row = jax.jit(lambda block, k, row: jax.lax.dynamic_update_index_in_dim(block, row, k, 0),
-                                donate_argnums=0)
-        self._set_rows = jax.jit(lambda block, ks, rows: block.at[ks].set(rows), donate_argnums=0)
+        self._rows = jax.jit(jax.lax.dynamic_slice_in_dim, static_argnums=(2, 3))
+        self._set_row = jax.jit(lambda block, k, row, axis: jax.lax.dynamic_update_index_in_dim(
+            block, row, k, axis), static_argnums=3, donate_argnums=0)
+        self._set_rows = jax.jit(lambda block, ks, rows, axis: block.at[(slice(None),) * axis + (ks,)].set(
+            jnp.moveaxis(rows, 0, axis)), static_argnums=3, donate_argnums=0)
+        self._moveaxis = jax.jit(jnp.moveaxis, static_argnums=(1, 2))
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool,
                donate: tuple[int, ...] = ()) -> DeviceKernel:
@@ -288,11 +297,11 @@ class JaxBackend:
         sharding = value.sharding
         return len(sharding.device_set) > 1 and not sharding.is_fully_replicated
 
-    def concatenate(self, values: list[Any]) -> Any:
-        """``values`` joined along their first axis (host arrays stay on the host)."""
+    def concatenate(self, values: list[Any], axis: int = 0) -> Any:
+        """``values`` joined along ``axis`` (host arrays stay on the host)."""
         if all(isinstance(v, np.ndarray) for v in values):
-            return np.concatenate(values)
-        return self._settled(self.jnp.concatenate(values))
+            return np.concatenate(values, axis)
+        return self._settled(self.jnp.concatenate(values, axis))
 
     def synchronize(self, value: Any) -> None:
         """Wait until ``value`` has been computed (dispatch is asynchronous)."""
@@ -301,25 +310,32 @@ class JaxBackend:
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return self.jnp.zeros(shape, dtype)
 
-    def take(self, values: Any, rows: Any) -> Any:
-        """``values[rows]``: one row (an int) or several (an index array). Host arrays (a
-        point op's batched values) are indexed in place, not moved to the device whole."""
+    def take(self, values: Any, rows: Any, axis: int = 0) -> Any:
+        """``values[rows]`` along ``axis``: one row (an int) or several (an index array).
+        Host arrays (a point op's batched values) are indexed in place, not moved to the
+        device whole."""
         if isinstance(values, np.ndarray):
-            return values[rows]
-        return self._settled(self._take(values, rows))
+            return values[rows] if axis == 0 else np.take(values, rows, axis)
+        return self._settled(self._take(values, rows, axis))
 
-    def rows(self, values: Any, start: int, count: int) -> Any:
-        """``values[start:start + count]``."""
+    def rows(self, values: Any, start: int, count: int, axis: int = 0) -> Any:
+        """``values[start:start + count]`` along ``axis``."""
         if isinstance(values, np.ndarray):
-            return values[start:start + count]
-        return self._settled(self._rows(values, start, count))
+            return values[(slice(None),) * axis + (slice(start, start + count),)]
+        return self._settled(self._rows(values, start, count, axis))
 
-    def update_rows(self, block: Any, at: Any, rows: Any) -> Any:
-        """``block`` with row ``at`` (an int) or rows ``at`` (an index array) replaced by
-        ``rows``, computed in ``block``'s buffer, which the result takes over (a device
-        block store's write, ``tempo.runtime.stores.DeviceBuffers``)."""
+    def update_rows(self, block: Any, at: Any, rows: Any, axis: int = 0) -> Any:
+        """``block`` with row ``at`` (an int) or rows ``at`` (an index array; ``rows``
+        stacked first) along ``axis`` replaced by ``rows``, computed in ``block``'s
+        buffer, which the result takes over (a device block store's write,
+        ``tempo.runtime.stores.DeviceBuffers``)."""
         update = self._set_row if np.ndim(at) == 0 else self._set_rows
-        return self._settled(update(block, at, rows))
+        return self._settled(update(block, at, rows, axis))
+
+    def moveaxis(self, value: Any, source: int, destination: int) -> Any:
+        if isinstance(value, np.ndarray):
+            return np.moveaxis(value, source, destination)
+        return self._settled(self._moveaxis(value, source, destination))
 
 
 class XlaNamespace:

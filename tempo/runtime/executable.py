@@ -356,7 +356,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         device = backend.name == "jax" and not swapped and op.id in on_device \
             and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
             and all(not e.slices or e.sink.id in on_device and _tiled(e) for e in readers)
-        buffers = DeviceBuffers(backend) if device else HostBuffers(backend.view_of_host)
+        axis = _rows_axis(op, readers)
+        buffers = DeviceBuffers(backend, axis) if device else HostBuffers(backend.view_of_host, axis)
         if window is not None:
             return WindowStore(stats, length, shape, t.dtype, window, buffers=buffers)
         return BlockStore(stats, length, shape, t.dtype, rows=rows, buffers=buffers)
@@ -371,6 +372,14 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     return kind(backend, stats, empty, nbytes)
 
 
+def _rows_axis(op: Op, readers: list[Edge]) -> int:
+    """The axis a block store of ``op`` keeps its rows along: the one its slice readers
+    want them at (``Edge.rows_at``) when they agree and ``op`` has one dim (buffers
+    without a prefix: a read of several prefixes stacks them first), else the first."""
+    wanted = {e.rows_at for e in readers if e.slices}
+    return wanted.pop() if len(op.domain) == 1 and len(wanted) == 1 else 0
+
+
 # ---- launchers ---------------------------------------------------------------------------
 def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
                   backend: Backend, shift: dict[Symbol, int] | None = None,
@@ -381,7 +390,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     static_shapes = not op.definition.host and has_static_shapes(op, edges, set(bounds), tiled=True)
-    reads = [(stores[(e.src.id, e.src_out)].reader(bool(e.slices), host=not static_shapes),
+    reads = [(_reader(stores[(e.src.id, e.src_out)], e, not static_shapes, backend),
               compile_function(e.phi, op.domain, bounds)) for e in edges]
     writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
     if op.kind == "merge":
@@ -390,6 +399,16 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
         return _host_launcher(op, reads, writes, bounds, backend, shift or {})
     return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores,
                             static_shapes)
+
+
+def _reader(store: Any, edge: Edge, host: bool, backend: Backend) -> Callable[[tuple], Any]:
+    """The reads of ``edge`` from ``store``, with a slice's rows at ``edge.rows_at``
+    (moved there where the store keeps them elsewhere)."""
+    read = store.reader(bool(edge.slices), host=host)
+    if not edge.slices or edge.rows_at == store.rows_axis:
+        return read
+    source, destination = store.rows_axis, edge.rows_at
+    return lambda index: backend.moveaxis(read(index), source, destination)
 
 
 def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,

@@ -100,6 +100,9 @@ class PointStore:
     """One array per point, in the backend's memory. Fast point reads and writes; slice
     reads stack points."""
 
+    rows_axis = 0
+    """The axis of a slice read's rows (see ``BlockStore``)."""
+
     def __init__(self, backend: Backend, stats: MemoryStats, empty: Callable[[tuple[int, ...]], Any],
                  point_bytes: int | None = None):
         self.backend, self.stats, self.empty = backend, stats, empty
@@ -368,59 +371,71 @@ def _empty(index: tuple) -> bool:
     return any(isinstance(i, slice) and i.stop <= i.start for i in index)
 
 
+def rows_moved(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """``shape`` (rows first) with the rows moved to ``axis``."""
+    return (*shape[1:axis + 1], shape[0], *shape[axis + 1:])
+
+
 class HostBuffers:
     """Block buffers in host memory (NumPy): rows are written in place; a slice read is a
     view of the buffer, handed to readers through ``view`` (``JaxBackend.view_of_host``:
-    the rows as a device array without a copy where the device is this host's memory)."""
+    the rows as a device array without a copy where the device is this host's memory).
+
+    A buffer's rows lie along ``axis`` (``Edge.rows_at``, ``tempo.passes.layout``); shapes
+    given to and values written into the buffers have them first."""
 
     on_device = False
 
-    def __init__(self, view: Callable[[np.ndarray], Any] = lambda rows: rows):
+    def __init__(self, view: Callable[[np.ndarray], Any] = lambda rows: rows, axis: int = 0):
         self.view = view
+        self.axis = axis
+        self._at = (slice(None),) * axis
 
-    @staticmethod
-    def allocate(shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        return aligned_zeros(shape, dtype)
+    def allocate(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        return aligned_zeros(rows_moved(shape, self.axis), dtype)
 
     @staticmethod
     def incoming(value: Any) -> np.ndarray:
         """A written value as the buffers hold it (a device value is copied to the host)."""
         return np.asarray(value)
 
-    @staticmethod
-    def set_row(block: np.ndarray, k: int, row: Any) -> np.ndarray:
-        block[k] = row
+    def set_row(self, block: np.ndarray, k: int, row: Any) -> np.ndarray:
+        block[(*self._at, k)] = row
         return block
 
-    @staticmethod
-    def set_rows(block: np.ndarray, ks: list[int], values: np.ndarray, taken: list[int]) -> np.ndarray:
-        block[ks] = values[taken]
+    def set_rows(self, block: np.ndarray, ks: list[int], values: np.ndarray, taken: list[int]) -> np.ndarray:
+        block[(*self._at, ks)] = np.moveaxis(values[taken], 0, self.axis)
         return block
 
-    @staticmethod
-    def rows(block: np.ndarray, start: int, count: int) -> np.ndarray:
-        return block[start:start + count]
+    def rows(self, block: np.ndarray, start: int, count: int) -> np.ndarray:
+        return block[(*self._at, slice(start, start + count))]
+
+    def gather(self, block: np.ndarray, slots: Any) -> np.ndarray:
+        return block[(*self._at, slots)]
 
     @staticmethod
-    def gather(block: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        return block[slots]
+    def row_of(values: Any, n: int) -> Any:
+        """Row ``n`` of written values (rows first)."""
+        return values[n]
 
-    @staticmethod
-    def zeros(shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        return np.zeros(shape, dtype)
+    def zeros(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        return np.zeros(rows_moved(shape, self.axis), dtype)
 
     @staticmethod
     def stack(values: list[Any]) -> np.ndarray:
         return np.stack(values)
 
-    @staticmethod
-    def concatenate(values: list[Any]) -> np.ndarray:
-        return np.concatenate(values)
+    def concatenate(self, values: list[Any]) -> np.ndarray:
+        return np.concatenate(values, self.axis)
 
     @staticmethod
     def copy(rows: np.ndarray) -> np.ndarray:
         """Rows that later writes to the buffer will not change."""
         return rows.copy()
+
+    @staticmethod
+    def moveaxis(rows: np.ndarray, source: int, destination: int) -> np.ndarray:
+        return np.moveaxis(rows, source, destination)
 
 
 class DeviceBuffers:
@@ -433,12 +448,16 @@ class DeviceBuffers:
 
     on_device = True
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, axis: int = 0):
         self.backend = backend
-        self.allocate = backend.zeros
-        self.zeros = backend.zeros
+        self.axis = axis
+        """The axis of a buffer's rows (see ``HostBuffers``)."""
         self.stack = backend.stack
-        self.concatenate = backend.concatenate
+
+    def allocate(self, shape: tuple[int, ...], dtype: str) -> Any:
+        return self.backend.zeros(rows_moved(shape, self.axis), dtype)
+
+    zeros = allocate
 
     def view(self, rows: Any) -> Any:
         return rows
@@ -448,18 +467,27 @@ class DeviceBuffers:
         return value
 
     def set_row(self, block: Any, k: int, row: Any) -> Any:
-        return self.backend.update_rows(block, np.int32(k), row)
+        return self.backend.update_rows(block, np.int32(k), row, self.axis)
 
     def set_rows(self, block: Any, ks: list[int], values: Any, taken: list[int]) -> Any:
         rows = values if taken == list(range(len(values))) else self.backend.take(values, np.asarray(taken))
-        return self.backend.update_rows(block, np.asarray(ks, np.int32), rows)
+        return self.backend.update_rows(block, np.asarray(ks, np.int32), rows, self.axis)
 
     def rows(self, block: Any, start: int, count: int) -> Any:
         """A copy, even of the whole buffer: the next write takes the buffer over."""
-        return self.backend.rows(block, start, count)
+        return self.backend.rows(block, start, count, self.axis)
 
     def gather(self, block: Any, slots: Any) -> Any:
-        return self.backend.take(block, slots)
+        return self.backend.take(block, slots, self.axis)
+
+    def row_of(self, values: Any, n: int) -> Any:
+        return self.backend.take(values, n)
+
+    def concatenate(self, values: list[Any]) -> Any:
+        return self.backend.concatenate(values, self.axis)
+
+    def moveaxis(self, rows: Any, source: int, destination: int) -> Any:
+        return self.backend.moveaxis(rows, source, destination)
 
     @staticmethod
     def copy(rows: Any) -> Any:
@@ -485,6 +513,8 @@ class BlockStore:
         self.buffers = buffers or HostBuffers(view)
         """Where the buffers live and how rows move in and out of them."""
         self.bytes = stats.device if self.buffers.on_device else stats.host
+        self.rows_axis = self.buffers.axis
+        """The axis of a slice read's rows, as the buffers keep them."""
         self.length, self.shape, self.dtype = length, shape, dtype
         self.rows = max(length, rows or 0)
         """Rows of a buffer: the dim's points, and more where a padded read runs past them
@@ -531,8 +561,8 @@ class BlockStore:
         """Whether the rows ``taken`` of ``values`` became the buffer of ``prefix`` as they
         are: every row of a buffer not yet made, in order, one contiguous slice (a lowered
         acting loop's stacked observations; copying them would hold two copies at once)."""
-        if prefix in self.blocks or len(ks) != self.length or ks != list(range(self.length)) \
-                or taken != list(range(taken[0], taken[0] + self.length)):
+        if prefix in self.blocks or self.rows_axis or len(ks) != self.length \
+                or ks != list(range(self.length)) or taken != list(range(taken[0], taken[0] + self.length)):
             return False
         if tuple(values.shape[1:]) != self.shape or np.dtype(values.dtype) != np.dtype(self.dtype):
             return False
@@ -560,7 +590,8 @@ class BlockStore:
         if block is None or any(point[:-1] != prefix for point in points):
             return None
         slots = np.fromiter((self._slot(prefix, point[-1]) for point in points), np.int64, len(points))
-        return self.buffers.gather(block, slots)
+        rows = self.buffers.gather(block, slots)
+        return self.buffers.moveaxis(rows, self.rows_axis, 0) if self.rows_axis else rows
 
     def _slot(self, prefix: tuple[int, ...], k: int) -> int:
         """The buffer row holding point ``k`` of ``prefix``."""
@@ -594,10 +625,11 @@ class BlockStore:
             return buffers.gather(block, self._slot(prefix, last))
         start = self._slot(prefix, last.start)
         rows = last.stop - last.start if last.step is None else last.step
-        if start + rows <= len(block):
+        held = block.shape[self.rows_axis]
+        if start + rows <= held:
             return buffers.rows(block, start, rows)
-        tail = buffers.zeros((start + rows - len(block), *self.shape), self.dtype)
-        return buffers.concatenate([buffers.rows(block, start, len(block) - start), tail])
+        tail = buffers.zeros((start + rows - held, *self.shape), self.dtype)
+        return buffers.concatenate([buffers.rows(block, start, held - start), tail])
 
     def free(self, point: tuple[int, ...]) -> None:
         prefix, k = point[:-1], point[-1]
@@ -655,7 +687,7 @@ class WindowStore(BlockStore):
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
         values = self.buffers.incoming(values)
         for point, row in zip(points, rows):
-            self.write(point, self.buffers.gather(values, row))
+            self.write(point, self.buffers.row_of(values, row))
 
     def _block(self, prefix: tuple[int, ...]) -> Any:
         block = self.blocks.get(prefix)

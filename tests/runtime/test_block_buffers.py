@@ -14,38 +14,43 @@ from tempo.reference import evaluate
 jax = pytest.importorskip("jax")
 
 
-def _store(kind: str, device: bool):
+ROW = (2, 3)
+
+
+def _store(kind: str, device: bool, axis: int = 0):
     from tempo.runtime.backends import JaxBackend
     from tempo.runtime.stores import BlockStore, DeviceBuffers, HostBuffers, MemoryStats, WindowStore
     stats = MemoryStats()
-    buffers = DeviceBuffers(JaxBackend()) if device else HostBuffers()
+    buffers = DeviceBuffers(JaxBackend(), axis) if device else HostBuffers(axis=axis)
     if kind == "block":
-        return BlockStore(stats, 12, (3,), "float32", rows=16, buffers=buffers), stats
-    return WindowStore(stats, 12, (3,), "float32", capacity=4, buffers=buffers), stats
+        return BlockStore(stats, 12, ROW, "float32", rows=16, buffers=buffers), stats
+    return WindowStore(stats, 12, ROW, "float32", capacity=4, buffers=buffers), stats
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2])
 @pytest.mark.parametrize("kind", ["block", "window"])
-def test_device_buffers_behave_as_host_buffers(kind):
+def test_device_buffers_behave_as_host_buffers(kind, axis):
     """A random run of writes (one row, several rows of a stacked array), frees and reads
     (points, slices, padded slices, gathered rows) gives the same values from both stores,
-    equal to the values written, and the same counts; the device store counts its bytes as
+    equal to the values written, with a slice's rows along the buffers' ``axis``
+    (``tempo.passes.layout``), and the same counts; the device store counts its bytes as
     device bytes, the host one as host bytes."""
     rng = np.random.default_rng(3)
-    host, host_stats = _store(kind, device=False)
-    device, device_stats = _store(kind, device=True)
+    host, host_stats = _store(kind, device=False, axis=axis)
+    device, device_stats = _store(kind, device=True, axis=axis)
     written: dict[tuple[int, int], np.ndarray] = {}
     k = {0: 0, 1: 0}  # next row per prefix; a window reads at most 4 back
     for _ in range(60):
         prefix = int(rng.integers(2))
         action = rng.random()
         if action < 0.45 and k[prefix] < 12:
-            value = rng.normal(size=3).astype(np.float32)
+            value = rng.normal(size=ROW).astype(np.float32)
             for store in (host, device):
                 store.write((prefix, k[prefix]), value if store is host else jax.numpy.asarray(value))
             written[prefix, k[prefix]] = value
             k[prefix] += 1
         elif action < 0.55 and k[prefix] <= 9:
-            rows = rng.normal(size=(5, 3)).astype(np.float32)
+            rows = rng.normal(size=(5, *ROW)).astype(np.float32)
             points = [(prefix, k[prefix] + n) for n in range(3)]
             for store in (host, device):
                 store.write_rows(points, rows if store is host else jax.numpy.asarray(rows), [1, 2, 3])
@@ -59,11 +64,11 @@ def test_device_buffers_behave_as_host_buffers(kind):
             index = (prefix, slice(start, stop))
             expected = np.stack([written[prefix, j] for j in range(start, stop)])
             for store in (host, device):
-                np.testing.assert_array_equal(np.asarray(store.read(index)), expected)
+                np.testing.assert_array_equal(np.asarray(store.read(index)), np.moveaxis(expected, 0, axis))
             padded = (prefix, slice(start, stop, 4))  # padded to 4 rows: the points first
             for store in (host, device):
-                got = np.asarray(store.read(padded))
-                assert got.shape == (4, 3)
+                got = np.moveaxis(np.asarray(store.read(padded)), axis, 0)
+                assert got.shape == (4, *ROW)
                 np.testing.assert_array_equal(got[:stop - start], expected)
             points = [(prefix, j) for j in range(start, stop)]
             for store in (host, device):
@@ -85,7 +90,7 @@ def test_a_written_device_buffer_is_not_copied_out():
     """A row written into a device buffer stays a device array (no host copy, no wait):
     the buffer is a JAX array, updated in place, and a slice read is one too."""
     store, _ = _store("block", device=True)
-    store.write((0, 0), jax.numpy.ones(3, np.float32))
+    store.write((0, 0), jax.numpy.ones(ROW, np.float32))
     assert isinstance(store.blocks[(0,)], jax.Array)
     assert isinstance(store.read((0, slice(0, 1))), jax.Array)
 
