@@ -231,6 +231,29 @@ class JaxBackend:
                 cache[key] = kernel
         return kernel
 
+    def block_reading_kernel(self, op: Op, params: dict, slices: tuple[tuple[int, int], ...]) -> Callable:
+        """``op``'s kernel where the inputs at ``slices`` (``(position, axis)`` pairs) are
+        ``(buffer, first row)`` pairs of device block stores whose rows lie along ``axis``,
+        sliced inside the compiled kernel (``fn(rows, *inputs)``, ``rows`` the static row
+        count of each slice): XLA reads the rows where they are instead of a separate
+        program copying them out first (a decoder's attention reads ``k[0:t+1]`` at every
+        position)."""
+        frozen = _freeze(op.kind, params)  # shared by ops of the same kind and params
+        cache, key = (_JIT_CACHE, ("blocks", *frozen, slices, self.xp.mesh_key)) if frozen is not None \
+            else (self._by_op, ("blocks", op.id, slices))
+        kernel = cache.get(key)
+        if kernel is None:
+            fn, xp, jax = op.definition.kernel, self.xp, self.jax
+
+            def run(rows: tuple[int, ...], *xs: Any) -> Any:
+                xs = list(xs)
+                for (position, axis), count in zip(slices, rows):
+                    block, start = xs[position]
+                    xs[position] = jax.lax.dynamic_slice_in_dim(block, start, count, axis)
+                return fn(xp, params, *xs)
+            kernel = cache[key] = jax.jit(run, static_argnums=0)
+        return kernel
+
     def donatable(self, value: Any) -> bool:
         """Whether a kernel can take ``value``'s buffer over (a device array)."""
         return isinstance(value, self.jax.Array)

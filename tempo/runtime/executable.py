@@ -324,13 +324,16 @@ def _tiled(edge: Edge) -> bool:
     return isinstance(last, Slice) and last.pad is not None
 
 
-CPU_DEVICE_BUFFER_BYTES = 1 << 20
-"""On a CPU, the largest block-store buffer kept as a device array. A slice read of a device
-buffer is copied out by a program of its own, while a host buffer hands its rows to a
-kernel in place (``JaxBackend.view_of_host``) but waits for each written row: greedy
-decoding (small config) reads 2K positions of 256 bytes (batch 1, 512 KiB buffers) 1.8x
-faster from device buffers, and 2K of 2 KiB (batch 8, 4 MiB) 0.75x as fast. On an
-accelerator a host buffer would cross to the device at every read: device arrays always."""
+CPU_DEVICE_BUFFER_BYTES = 8 << 20
+"""On a CPU, the largest block-store buffer kept as a device array. A kernel reads a device
+buffer's rows inside its own program (``JaxBackend.block_reading_kernel``), but XLA's CPU
+code copies them out first, at a cost that grows past proportion with the buffer; a host
+buffer's rows are copied by NumPy (strided, along the readers' axis) and converted by the
+kernel, and each written row waits for its kernel. Greedy decoding, small config, causal,
+tokens/s with device against host buffers (2026-11-26, 2-core CPU): batch 1 at 8K
+positions (2 MiB buffers) 780 against 606-647, batch 8 at 2K (4 MiB) 3,015 against 2,728,
+at 4K (8 MiB) 1,834 against 1,605, at 8K (16 MiB) 631-643 against 951. On an accelerator
+a host buffer would cross to the device at every read: device arrays always."""
 
 
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
@@ -492,6 +495,10 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     static_params = None if symbolic else resolve_params(op.params, bounds)
     kernel = backend.kernel(op, static_params, static_shapes)
     domain = op.domain
+    blocks = [k for k, e in enumerate(edges) if _device_block_slice(e, stores)]
+    if blocks and static_params is not None and static_shapes and backend.name == "jax":
+        return _block_reading_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks,
+                                       stores)
     donors = [(k, compile_function([last_reads[e]], domain, bounds), stores[(e.src.id, e.src_out)])
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
     if donors and static_params is not None and static_shapes:
@@ -508,6 +515,42 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
         params = resolve_params(op.params, {**bounds, **dict(zip(domain, point))}) \
             if symbolic else static_params
         outs = kernel(params, *(read(phi(*point)) for read, phi in reads))
+        for write, value in zip(writes, outs if multi else (outs,)):
+            write(point, value)
+    return launch
+
+
+def _device_block_slice(edge: Edge, stores: dict) -> bool:
+    """Whether ``edge`` reads a slice of the innermost dim only (points of the others) of a
+    block store whose buffers are on the device, with the rows where the store keeps them."""
+    store = stores[(edge.src.id, edge.src_out)]
+    return isinstance(store, BlockStore) and store.buffers.on_device and len(edge.slices) == 1 \
+        and edge.slices[0] == len(edge.phi) - 1 and edge.rows_at == store.rows_axis
+
+
+def _block_reading_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
+                            params: dict, backend: Backend, kernel: Callable, blocks: list[int],
+                            stores: dict) -> Launcher:
+    """A device launcher whose slice reads of device block stores (``blocks``: input
+    positions) are sliced inside the kernel (``JaxBackend.block_reading_kernel``); where a
+    read is not one run of a buffer's rows (an empty slice, a buffer not made yet), the
+    plain kernel runs on the reads' values."""
+    multi = op.definition.multi_output
+    sliced = backend.block_reading_kernel(
+        op, params, tuple((k, stores[(edges[k].src.id, edges[k].src_out)].rows_axis) for k in blocks))
+    slicers = [(k, stores[(edges[k].src.id, edges[k].src_out)].block_slice) for k in blocks]
+
+    def launch(point: tuple[int, ...]) -> None:
+        indices = [phi(*point) for _, phi in reads]
+        found = [slicer(indices[k]) for k, slicer in slicers]
+        if any(f is None for f in found):
+            outs = kernel(params, *(read(index) for (read, _), index in zip(reads, indices)))
+        else:
+            xs: list[Any] = [None if k in blocks else read(index)
+                             for k, ((read, _), index) in enumerate(zip(reads, indices))]
+            for (k, _), (block, start, _) in zip(slicers, found):
+                xs[k] = (block, np.int32(start))
+            outs = sliced(tuple(rows for _, _, rows in found), *xs)
         for write, value in zip(writes, outs if multi else (outs,)):
             write(point, value)
     return launch

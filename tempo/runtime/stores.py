@@ -597,6 +597,20 @@ class BlockStore:
         """The buffer row holding point ``k`` of ``prefix``."""
         return k
 
+    def block_slice(self, index: tuple) -> tuple[Any, int, int] | None:
+        """The buffer, first row and row count of a slice read of ``index`` where it is one
+        run of a buffer's rows (a kernel may slice the buffer itself), else None."""
+        prefix, last = index[:-1], index[-1]
+        if not isinstance(last, slice) or last.stop <= last.start or _empty(prefix) \
+                or any(isinstance(i, slice) for i in prefix):
+            return None
+        block = self.blocks.get(prefix)
+        if block is None:
+            return None
+        start = self._slot(prefix, last.start)
+        rows = last.stop - last.start if last.step is None else last.step
+        return (block, start, rows) if start + rows <= block.shape[self.rows_axis] else None
+
     def reader(self, slices: bool, host: bool = False) -> Callable[[tuple], Any]:
         """Reads of the block's rows (``host`` changes nothing: a store with host readers
         has host buffers)."""

@@ -151,3 +151,33 @@ def _stores_of(exe):
     from tempo.runtime.stores import MemoryStats
     return executable._make_stores(exe.graph, exe.bounds, exe.ctx.bound_of, exe.backend, MemoryStats(),
                                    exe.swapped, exe.windows)
+
+
+def test_kernels_slice_device_buffers_themselves(monkeypatch):
+    """A tiled read of a device buffer is sliced inside the reading kernel (no program
+    copying the rows out first), including rows laid out along another axis
+    (``tempo.passes.layout``); the values are the reference evaluator's."""
+    from tempo.runtime.backends import JaxBackend
+    made = []
+    original = JaxBackend.block_reading_kernel
+
+    def recording(self, op, params, slices):
+        made.append(slices)
+        return original(self, op, params, slices)
+    monkeypatch.setattr(JaxBackend, "block_reading_kernel", recording)
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    rng = np.random.default_rng(1)
+    with ctx:
+        x = tp.const(rng.normal(size=(40, 2, 3)).astype(np.float32))[t]
+        y = x.tanh()  # (2, 3) per point
+        q = tp.const(rng.normal(size=(2, 1, 3)).astype(np.float32))
+        s = (q @ y[0:t + 1].permute(1, 2, 0)).exp().sum(-1)  # the read laid out (2, 3, n)
+    bounds = {T: 40}
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    (read,) = [e for e in exe.graph.edges() if e.slices]
+    assert read.rows_at == 2
+    assert made == [((read.sink_in, 2),)]
