@@ -231,27 +231,40 @@ class JaxBackend:
                 cache[key] = kernel
         return kernel
 
-    def block_reading_kernel(self, op: Op, params: dict, slices: tuple[tuple[int, int], ...]) -> Callable:
-        """``op``'s kernel where the inputs at ``slices`` (``(position, axis)`` pairs) are
-        ``(buffer, first row)`` pairs of device block stores whose rows lie along ``axis``,
-        sliced inside the compiled kernel (``fn(rows, *inputs)``, ``rows`` the static row
-        count of each slice): XLA reads the rows where they are instead of a separate
-        program copying them out first (a decoder's attention reads ``k[0:t+1]`` at every
-        position)."""
+    def block_kernel(self, op: Op, params: dict, inputs: int, slices: tuple[tuple[int, int], ...],
+                     writes: tuple[tuple[int, int], ...] = ()) -> Callable:
+        """``op``'s kernel (of ``inputs`` inputs) reading and writing device block stores'
+        buffers itself: ``fn(rows, *inputs, *buffers, *rows_written)``. The inputs at
+        ``slices`` (``(position, axis)`` pairs) are ``(buffer, first row)`` pairs of
+        buffers whose rows lie along ``axis``, sliced inside the compiled kernel (``rows``:
+        the static row count of each slice): XLA reads the rows where they are instead of
+        a separate program copying them out first (a decoder's attention reads ``k[0:t+1]``
+        at every position). For each of ``writes`` (``(output, axis)`` pairs) a buffer and
+        a row follow the inputs: the kernel writes that output into the buffer, which it
+        takes over, and returns ``(outputs, buffers)`` (one launch instead of one more per
+        written row)."""
         frozen = _freeze(op.kind, params)  # shared by ops of the same kind and params
-        cache, key = (_JIT_CACHE, ("blocks", *frozen, slices, self.xp.mesh_key)) if frozen is not None \
-            else (self._by_op, ("blocks", op.id, slices))
+        cache, key = (_JIT_CACHE, ("blocks", *frozen, inputs, slices, writes, self.xp.mesh_key)) \
+            if frozen is not None else (self._by_op, ("blocks", op.id, slices, writes))
         kernel = cache.get(key)
         if kernel is None:
             fn, xp, jax = op.definition.kernel, self.xp, self.jax
+            multi = op.definition.multi_output
 
-            def run(rows: tuple[int, ...], *xs: Any) -> Any:
-                xs = list(xs)
+            def run(rows: tuple[int, ...], *args: Any) -> Any:
+                xs = list(args[:inputs])
                 for (position, axis), count in zip(slices, rows):
                     block, start = xs[position]
                     xs[position] = jax.lax.dynamic_slice_in_dim(block, start, count, axis)
-                return fn(xp, params, *xs)
-            kernel = cache[key] = jax.jit(run, static_argnums=0)
+                outs = fn(xp, params, *xs)
+                if not writes:
+                    return outs
+                outs = tuple(outs) if multi else (outs,)
+                targets, at = args[inputs:inputs + len(writes)], args[inputs + len(writes):]
+                return outs, tuple(jax.lax.dynamic_update_index_in_dim(block, outs[out], k, axis)
+                                   for (out, axis), block, k in zip(writes, targets, at))
+            donate = tuple(range(1 + inputs, 1 + inputs + len(writes)))
+            kernel = cache[key] = jax.jit(run, static_argnums=0, donate_argnums=donate)
         return kernel
 
     def donatable(self, value: Any) -> bool:

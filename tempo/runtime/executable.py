@@ -326,7 +326,7 @@ def _tiled(edge: Edge) -> bool:
 
 CPU_DEVICE_BUFFER_BYTES = 8 << 20
 """On a CPU, the largest block-store buffer kept as a device array. A kernel reads a device
-buffer's rows inside its own program (``JaxBackend.block_reading_kernel``), but XLA's CPU
+buffer's rows inside its own program (``JaxBackend.block_kernel``), but XLA's CPU
 code copies them out first, at a cost that grows past proportion with the buffer; a host
 buffer's rows are copied by NumPy (strided, along the readers' axis) and converted by the
 kernel, and each written row waits for its kernel. Greedy decoding, small config, causal,
@@ -496,9 +496,12 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     kernel = backend.kernel(op, static_params, static_shapes)
     domain = op.domain
     blocks = [k for k, e in enumerate(edges) if _device_block_slice(e, stores)]
-    if blocks and static_params is not None and static_shapes and backend.name == "jax":
-        return _block_reading_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks,
-                                       stores)
+    read_stores = {id(stores[(e.src.id, e.src_out)]) for e in edges}
+    written = [k for k in range(len(op.outputs))  # not a buffer the kernel reads too
+               if _kernel_writable(stores[(op.id, k)]) and id(stores[(op.id, k)]) not in read_stores]
+    if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
+        return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
+                               stores)
     donors = [(k, compile_function([last_reads[e]], domain, bounds), stores[(e.src.id, e.src_out)])
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
     if donors and static_params is not None and static_shapes:
@@ -528,31 +531,51 @@ def _device_block_slice(edge: Edge, stores: dict) -> bool:
         and edge.slices[0] == len(edge.phi) - 1 and edge.rows_at == store.rows_axis
 
 
-def _block_reading_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
-                            params: dict, backend: Backend, kernel: Callable, blocks: list[int],
-                            stores: dict) -> Launcher:
-    """A device launcher whose slice reads of device block stores (``blocks``: input
-    positions) are sliced inside the kernel (``JaxBackend.block_reading_kernel``); where a
-    read is not one run of a buffer's rows (an empty slice, a buffer not made yet), the
-    plain kernel runs on the reads' values."""
+def _kernel_writable(store: Any) -> bool:
+    """Whether a kernel can write its output into ``store``'s buffer itself: a plain block
+    store on the device (a window's ring writes each row twice, possibly after growing)."""
+    return type(store) is BlockStore and store.buffers.on_device
+
+
+def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable], params: dict,
+                    backend: Backend, kernel: Callable, blocks: list[int], written: list[int],
+                    stores: dict) -> Launcher:
+    """A device launcher whose kernel (``JaxBackend.block_kernel``) slices the device
+    buffers its inputs ``blocks`` read and writes its outputs ``written`` into their
+    stores' device buffers itself. Where a read is not one run of a buffer's rows (an empty
+    slice, a buffer not made yet), the plain kernel runs on the reads' values and writes
+    through the stores. Its other inputs are not donated."""
     multi = op.definition.multi_output
-    sliced = backend.block_reading_kernel(
-        op, params, tuple((k, stores[(edges[k].src.id, edges[k].src_out)].rows_axis) for k in blocks))
+    slices = tuple((k, stores[(edges[k].src.id, edges[k].src_out)].rows_axis) for k in blocks)
+    run = backend.block_kernel(op, params, len(edges), slices,
+                               tuple((k, stores[(op.id, k)].rows_axis) for k in written))
     slicers = [(k, stores[(edges[k].src.id, edges[k].src_out)].block_slice) for k in blocks]
+    targets = [stores[(op.id, k)] for k in written]
+    others = [(write, k) for k, write in enumerate(writes) if k not in written]
 
     def launch(point: tuple[int, ...]) -> None:
         indices = [phi(*point) for _, phi in reads]
         found = [slicer(indices[k]) for k, slicer in slicers]
         if any(f is None for f in found):
             outs = kernel(params, *(read(index) for (read, _), index in zip(reads, indices)))
-        else:
-            xs: list[Any] = [None if k in blocks else read(index)
-                             for k, ((read, _), index) in enumerate(zip(reads, indices))]
-            for (k, _), (block, start, _) in zip(slicers, found):
-                xs[k] = (block, np.int32(start))
-            outs = sliced(tuple(rows for _, _, rows in found), *xs)
-        for write, value in zip(writes, outs if multi else (outs,)):
-            write(point, value)
+            for write, value in zip(writes, outs if multi else (outs,)):
+                write(point, value)
+            return
+        xs: list[Any] = [None if k in blocks else read(index)
+                         for k, ((read, _), index) in enumerate(zip(reads, indices))]
+        for (k, _), (block, start, _) in zip(slicers, found):
+            xs[k] = (block, np.int32(start))
+        slots = [store.row_slot(point) for store in targets]
+        outs = run(tuple(rows for _, _, rows in found), *xs, *(b for b, _ in slots),
+                   *(np.int32(row) for _, row in slots))
+        if written:
+            outs, buffers = outs
+            for store, block in zip(targets, buffers):
+                store.written_by_kernel(point, block)
+        elif not multi:
+            outs = (outs,)
+        for write, k in others:
+            write(point, outs[k])
     return launch
 
 

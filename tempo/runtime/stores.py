@@ -530,6 +530,22 @@ class BlockStore:
     def write(self, point: tuple[int, ...], value: Any) -> None:
         prefix, k = point[:-1], point[-1]
         self._put(prefix, k, self.buffers.incoming(value))
+        self._written(prefix, k)
+
+    def row_slot(self, point: tuple[int, ...]) -> tuple[Any, int]:
+        """The buffer (made if need be) and the row that a write at ``point`` updates, for
+        a kernel that writes the row itself and returns the buffer (``written_by_kernel``);
+        plain block stores only (a window's ring writes each row twice)."""
+        prefix = point[:-1]
+        return self._block(prefix), self._slot(prefix, point[-1])
+
+    def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
+        """``block``, the buffer ``row_slot(point)`` gave with the row at ``point`` written,
+        replaces it."""
+        self.blocks[point[:-1]] = block
+        self._written(point[:-1], point[-1])
+
+    def _written(self, prefix: tuple[int, ...], k: int) -> None:
         self.produced[prefix].add(k)
         if k not in self.live[prefix]:
             self.live[prefix].add(k)

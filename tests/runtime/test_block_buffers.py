@@ -156,15 +156,16 @@ def _stores_of(exe):
 def test_kernels_slice_device_buffers_themselves(monkeypatch):
     """A tiled read of a device buffer is sliced inside the reading kernel (no program
     copying the rows out first), including rows laid out along another axis
-    (``tempo.passes.layout``); the values are the reference evaluator's."""
+    (``tempo.passes.layout``), and the kernel making the rows writes them into the buffer
+    itself; the values are the reference evaluator's."""
     from tempo.runtime.backends import JaxBackend
     made = []
-    original = JaxBackend.block_reading_kernel
+    original = JaxBackend.block_kernel
 
-    def recording(self, op, params, slices):
-        made.append(slices)
-        return original(self, op, params, slices)
-    monkeypatch.setattr(JaxBackend, "block_reading_kernel", recording)
+    def recording(self, op, params, inputs, slices, writes=()):
+        made.append((slices, writes))
+        return original(self, op, params, inputs, slices, writes)
+    monkeypatch.setattr(JaxBackend, "block_kernel", recording)
     ctx = tp.Context(dims=("t",))
     (t,), (T,) = ctx.dims, ctx.bounds
     rng = np.random.default_rng(1)
@@ -180,4 +181,6 @@ def test_kernels_slice_device_buffers_themselves(monkeypatch):
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     (read,) = [e for e in exe.graph.edges() if e.slices]
     assert read.rows_at == 2
-    assert made == [((read.sink_in, 2),)]
+    assert ((read.sink_in, 2),) in [slices for slices, _ in made]
+    writer = [writes for slices, writes in made if writes]
+    assert writer == [((read.src_out, 2),)]  # y's kernel writes its rows into the buffer
