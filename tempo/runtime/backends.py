@@ -232,17 +232,18 @@ class JaxBackend:
         return kernel
 
     def block_kernel(self, op: Op, params: dict, inputs: int, slices: tuple[tuple[int, int], ...],
-                     writes: tuple[tuple[int, int], ...] = ()) -> Callable:
+                     writes: tuple[tuple[int, int, int], ...] = ()) -> Callable:
         """``op``'s kernel (of ``inputs`` inputs) reading and writing device block stores'
         buffers itself: ``fn(rows, *inputs, *buffers, *rows_written)``. The inputs at
         ``slices`` (``(position, axis)`` pairs) are ``(buffer, first row)`` pairs of
         buffers whose rows lie along ``axis``, sliced inside the compiled kernel (``rows``:
         the static row count of each slice): XLA reads the rows where they are instead of
         a separate program copying them out first (a decoder's attention reads ``k[0:t+1]``
-        at every position). For each of ``writes`` (``(output, axis)`` pairs) a buffer and
-        a row follow the inputs: the kernel writes that output into the buffer, which it
-        takes over, and returns ``(outputs, buffers)`` (one launch instead of one more per
-        written row)."""
+        at every position). For each of ``writes`` (``(output, axis, copies)``) a buffer
+        follows the inputs, and after the buffers ``copies`` rows of each: the kernel writes
+        that output into the buffer at those rows (a window's ring holds each row twice),
+        takes the buffer over, and returns ``(outputs, buffers)`` (one launch instead of
+        one more per written row)."""
         frozen = _freeze(op.kind, params)  # shared by ops of the same kind and params
         cache, key = (_JIT_CACHE, ("blocks", *frozen, inputs, slices, writes, self.xp.mesh_key)) \
             if frozen is not None else (self._by_op, ("blocks", op.id, slices, writes))
@@ -260,9 +261,13 @@ class JaxBackend:
                 if not writes:
                     return outs
                 outs = tuple(outs) if multi else (outs,)
-                targets, at = args[inputs:inputs + len(writes)], args[inputs + len(writes):]
-                return outs, tuple(jax.lax.dynamic_update_index_in_dim(block, outs[out], k, axis)
-                                   for (out, axis), block, k in zip(writes, targets, at))
+                targets, at = args[inputs:inputs + len(writes)], iter(args[inputs + len(writes):])
+                written = []
+                for (out, axis, copies), block in zip(writes, targets):
+                    for _ in range(copies):
+                        block = jax.lax.dynamic_update_index_in_dim(block, outs[out], next(at), axis)
+                    written.append(block)
+                return outs, tuple(written)
             donate = tuple(range(1 + inputs, 1 + inputs + len(writes)))
             kernel = cache[key] = jax.jit(run, static_argnums=0, donate_argnums=donate)
         return kernel

@@ -532,9 +532,9 @@ def _device_block_slice(edge: Edge, stores: dict) -> bool:
 
 
 def _kernel_writable(store: Any) -> bool:
-    """Whether a kernel can write its output into ``store``'s buffer itself: a plain block
-    store on the device (a window's ring writes each row twice, possibly after growing)."""
-    return type(store) is BlockStore and store.buffers.on_device
+    """Whether a kernel can write its output into ``store``'s buffer itself: a block (or
+    window) store on the device."""
+    return isinstance(store, BlockStore) and store.buffers.on_device
 
 
 def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable], params: dict,
@@ -547,8 +547,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     through the stores. Its other inputs are not donated."""
     multi = op.definition.multi_output
     slices = tuple((k, stores[(edges[k].src.id, edges[k].src_out)].rows_axis) for k in blocks)
-    run = backend.block_kernel(op, params, len(edges), slices,
-                               tuple((k, stores[(op.id, k)].rows_axis) for k in written))
+    kernels: dict[tuple[int, ...], Callable] = {}  # by the rows each write updates (a ring's: 2)
     slicers = [(k, stores[(edges[k].src.id, edges[k].src_out)].block_slice) for k in blocks]
     targets = [stores[(op.id, k)] for k in written]
     others = [(write, k) for k, write in enumerate(writes) if k not in written]
@@ -565,9 +564,15 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
                          for k, ((read, _), index) in enumerate(zip(reads, indices))]
         for (k, _), (block, start, _) in zip(slicers, found):
             xs[k] = (block, np.int32(start))
-        slots = [store.row_slot(point) for store in targets]
+        slots = [store.row_slots(point) for store in targets]
+        copies = tuple(len(rows) for _, rows in slots)
+        run = kernels.get(copies)
+        if run is None:
+            run = kernels[copies] = backend.block_kernel(
+                op, params, len(edges), slices,
+                tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies)))
         outs = run(tuple(rows for _, _, rows in found), *xs, *(b for b, _ in slots),
-                   *(np.int32(row) for _, row in slots))
+                   *(np.int32(row) for _, rows in slots for row in rows))
         if written:
             outs, buffers = outs
             for store, block in zip(targets, buffers):

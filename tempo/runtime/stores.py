@@ -532,12 +532,11 @@ class BlockStore:
         self._put(prefix, k, self.buffers.incoming(value))
         self._written(prefix, k)
 
-    def row_slot(self, point: tuple[int, ...]) -> tuple[Any, int]:
-        """The buffer (made if need be) and the row that a write at ``point`` updates, for
-        a kernel that writes the row itself and returns the buffer (``written_by_kernel``);
-        plain block stores only (a window's ring writes each row twice)."""
+    def row_slots(self, point: tuple[int, ...]) -> tuple[Any, tuple[int, ...]]:
+        """The buffer (made if need be) and the rows that a write at ``point`` updates, for
+        a kernel that writes them itself and returns the buffer (``written_by_kernel``)."""
         prefix = point[:-1]
-        return self._block(prefix), self._slot(prefix, point[-1])
+        return self._block(prefix), (self._slot(prefix, point[-1]),)
 
     def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
         """``block``, the buffer ``row_slot(point)`` gave with the row at ``point`` written,
@@ -740,6 +739,16 @@ class WindowStore(BlockStore):
         return block
 
     def _put(self, prefix: tuple[int, ...], k: int, row: Any) -> None:
+        block, slots = self.row_slots((*prefix, k))
+        for slot in slots:
+            block = self.buffers.set_row(block, slot, row)
+        self.blocks[prefix] = block
+        self.written[prefix][slots[0]] = k
+
+    def row_slots(self, point: tuple[int, ...]) -> tuple[Any, tuple[int, ...]]:
+        """The ring (made, or grown where the slot's point is still needed) and the rows
+        that hold point ``point``: its slot, and the slot's copy ``capacity`` rows on."""
+        prefix, k = point[:-1], point[-1]
         self._block(prefix)
         while True:
             slot = k % self.capacity[prefix]
@@ -747,11 +756,13 @@ class WindowStore(BlockStore):
             if held is None or held == k or held not in self.live[prefix]:
                 break
             self._grow(prefix)  # the slot's point is still needed
-        block = self.buffers.set_row(self.blocks[prefix], slot, row)
-        if self.capacity[prefix] < self.length:
-            block = self.buffers.set_row(block, slot + self.capacity[prefix], row)
-        self.blocks[prefix] = block
-        self.written[prefix][slot] = k
+        capacity = self.capacity[prefix]
+        return self.blocks[prefix], (slot, slot + capacity) if capacity < self.length else (slot,)
+
+    def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
+        prefix, k = point[:-1], point[-1]
+        self.written[prefix][k % self.capacity[prefix]] = k
+        super().written_by_kernel(point, block)
 
     def _grow(self, prefix: tuple[int, ...]) -> None:
         old, capacity = self.blocks[prefix], self.capacity[prefix]

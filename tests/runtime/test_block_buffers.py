@@ -153,11 +153,12 @@ def _stores_of(exe):
                                    exe.swapped, exe.windows)
 
 
-def test_kernels_slice_device_buffers_themselves(monkeypatch):
+@pytest.mark.parametrize("window", [None, 4])
+def test_kernels_slice_device_buffers_themselves(monkeypatch, window):
     """A tiled read of a device buffer is sliced inside the reading kernel (no program
     copying the rows out first), including rows laid out along another axis
     (``tempo.passes.layout``), and the kernel making the rows writes them into the buffer
-    itself; the values are the reference evaluator's."""
+    itself (into a window's ring twice); the values are the reference evaluator's."""
     from tempo.runtime.backends import JaxBackend
     made = []
     original = JaxBackend.block_kernel
@@ -173,14 +174,15 @@ def test_kernels_slice_device_buffers_themselves(monkeypatch):
         x = tp.const(rng.normal(size=(40, 2, 3)).astype(np.float32))[t]
         y = x.tanh()  # (2, 3) per point
         q = tp.const(rng.normal(size=(2, 1, 3)).astype(np.float32))
-        s = (q @ y[0:t + 1].permute(1, 2, 0)).exp().sum(-1)  # the read laid out (2, 3, n)
+        rows = y[0:t + 1] if window is None else y[tp.max(0, t - window + 1):t + 1]
+        s = (q @ rows.permute(1, 2, 0)).exp().sum(-1)  # the read laid out (2, 3, n)
     bounds = {T: 40}
     with ctx:
-        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
-        got = exe.run()[s]
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16 if window is None else None)
+        got = exe.run()[s]  # a window's reads: padded to the window (the compiler's choice)
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     (read,) = [e for e in exe.graph.edges() if e.slices]
     assert read.rows_at == 2
     assert ((read.sink_in, 2),) in [slices for slices, _ in made]
     writer = [writes for slices, writes in made if writes]
-    assert writer == [((read.src_out, 2),)]  # y's kernel writes its rows into the buffer
+    assert writer == [((read.src_out, 2, 1 if window is None else 2),)]  # y's rows, by y's kernel
