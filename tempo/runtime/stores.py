@@ -539,8 +539,8 @@ class BlockStore:
         return self._block(prefix), (self._slot(prefix, point[-1]),)
 
     def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
-        """``block``, the buffer ``row_slot(point)`` gave with the row at ``point`` written,
-        replaces it."""
+        """``block``, the buffer ``row_slots(point)`` gave with the row at ``point`` written
+        at its rows, replaces it."""
         self.blocks[point[:-1]] = block
         self._written(point[:-1], point[-1])
 
