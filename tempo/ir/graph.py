@@ -74,6 +74,12 @@ class Edge:
         return f"{self.sink.name}.in{self.sink_in} <- {self.src.name}.out{self.src_out}[{phi}]{at}{cond}"
 
 
+def rows_moved(shape: tuple, axis: int) -> tuple:
+    """``shape`` (a slice read's rows first) with the rows moved to ``axis``
+    (``Edge.rows_at``)."""
+    return (*shape[1:axis + 1], shape[0], *shape[axis + 1:]) if axis else tuple(shape)
+
+
 @dataclass
 class SDG:
     """Ops and their input edges. Ops are kept in creation order."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
-from tempo.ir.graph import SDG, Edge, Op
+from tempo.ir.graph import SDG, Edge, Op, rows_moved
 from tempo.ir.readers import ReaderSum
 from tempo.ir.types import TensorType
 from tempo.symbolic.expr import TRUE, Slice, Symbol, const
@@ -32,10 +32,7 @@ def input_type(edge: Edge) -> TensorType:
     """What the sink reads through ``edge``: the source's type under its windows' sizes."""
     t = edge.src.outputs[edge.src_out]
     sizes = tuple(edge.phi[k].size for k in edge.slices)
-    shape = (*sizes, *t.shape)
-    if edge.rows_at:
-        shape = (*shape[1:edge.rows_at + 1], shape[0], *shape[edge.rows_at + 1:])
-    return TensorType(shape, t.dtype)
+    return TensorType(rows_moved((*sizes, *t.shape), edge.rows_at), t.dtype)
 
 
 def sums_every_point(op: Op, edge: Edge, dim: Symbol, size: int, bounds: dict[Symbol, int]) -> bool:

@@ -498,7 +498,7 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     blocks = [k for k, e in enumerate(edges) if _device_block_slice(e, stores)]
     read_stores = {id(stores[(e.src.id, e.src_out)]) for e in edges}
     written = [k for k in range(len(op.outputs))  # not a buffer the kernel reads too
-               if _kernel_writable(stores[(op.id, k)]) and id(stores[(op.id, k)]) not in read_stores]
+               if _device_blocks(stores[(op.id, k)]) and id(stores[(op.id, k)]) not in read_stores]
     if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
         return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
                                stores)
@@ -527,13 +527,13 @@ def _device_block_slice(edge: Edge, stores: dict) -> bool:
     """Whether ``edge`` reads a slice of the innermost dim only (points of the others) of a
     block store whose buffers are on the device, with the rows where the store keeps them."""
     store = stores[(edge.src.id, edge.src_out)]
-    return isinstance(store, BlockStore) and store.buffers.on_device and len(edge.slices) == 1 \
-        and edge.slices[0] == len(edge.phi) - 1 and edge.rows_at == store.rows_axis
+    return _device_blocks(store) and len(edge.slices) == 1 and edge.slices[0] == len(edge.phi) - 1 \
+        and edge.rows_at == store.rows_axis
 
 
-def _kernel_writable(store: Any) -> bool:
-    """Whether a kernel can write its output into ``store``'s buffer itself: a block (or
-    window) store on the device."""
+def _device_blocks(store: Any) -> bool:
+    """Whether ``store`` is a block (or window) store with device buffers, which kernels
+    slice and write themselves."""
     return isinstance(store, BlockStore) and store.buffers.on_device
 
 

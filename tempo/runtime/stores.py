@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tempo.ir.graph import rows_moved
+
 if TYPE_CHECKING:
     from tempo.runtime.backends import Backend
 
@@ -371,11 +373,6 @@ def _empty(index: tuple) -> bool:
     return any(isinstance(i, slice) and i.stop <= i.start for i in index)
 
 
-def rows_moved(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
-    """``shape`` (rows first) with the rows moved to ``axis``."""
-    return (*shape[1:axis + 1], shape[0], *shape[axis + 1:])
-
-
 class HostBuffers:
     """Block buffers in host memory (NumPy): rows are written in place; a slice read is a
     view of the buffer, handed to readers through ``view`` (``JaxBackend.view_of_host``:
@@ -442,9 +439,11 @@ class DeviceBuffers:
     """Block buffers in the backend's memory (the device, on JAX), for stores that a
     device kernel writes and device kernels read in tiled slices (``tempo.passes.tile``
     pads a growing slice such as ``k[0:t+1]``): a row is written by a kernel that takes
-    the buffer over (no copy, no wait for the value), a slice read is one dynamic slice,
-    and nothing goes through the host (a host buffer waits for every written value and
-    copies it). ``tempo.runtime.executable`` chooses between the two."""
+    the buffer over (no copy, no wait for the value; the kernel making the row, where
+    ``tempo.runtime.executable`` can, ``JaxBackend.block_kernel``), the kernels reading a
+    slice slice the buffer themselves, and nothing goes through the host (a host buffer
+    waits for every written value and copies it). ``tempo.runtime.executable`` chooses
+    between the two."""
 
     on_device = True
 
