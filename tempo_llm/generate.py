@@ -158,13 +158,18 @@ class LanguageModel:
             tokens[t < P] = prompt
             logits = decoder.logits(tokens, t, request.attention)
 
-            def choose(point: dict[str, int], scores: np.ndarray, current: np.ndarray) -> np.ndarray:
-                chosen = sampling.choose(scores, point["t"])
-                if eos is not None and point["t"] >= P:  # a generated EOS repeats
-                    chosen = np.where(current == eos, eos, chosen)
-                return chosen
-            (chosen,) = tp.udf(choose, [logits, tokens], outputs=[((B,), "int32")], name="sample",
-                               pass_point=True)
+            if sampling.greedy:  # on the device: no position waits for the host
+                chosen = logits.argmax(-1).astype("int32")
+                if eos is not None:  # a generated EOS repeats
+                    chosen = tp.where((tokens == eos) & (tp.symbol_value(t) >= P), eos, chosen)
+            else:
+                def choose(point: dict[str, int], scores: np.ndarray, current: np.ndarray) -> np.ndarray:
+                    chosen = sampling.choose(scores, point["t"])
+                    if eos is not None and point["t"] >= P:  # a generated EOS repeats
+                        chosen = np.where(current == eos, eos, chosen)
+                    return chosen
+                (chosen,) = tp.udf(choose, [logits, tokens], outputs=[((B,), "int32")], name="sample",
+                                   pass_point=True)
             if request.new:
                 tokens[t >= P] = chosen[t - 1]
             if request.new and eos is not None:  # every sequence has ended: stop decoding

@@ -1,6 +1,8 @@
-"""Choosing the next token from logits, on the host: greedy, or sampled with temperature,
-top-k and top-p (nucleus) filtering, from a generator seeded by ``(seed, position)`` so
-that a generation is reproducible whatever order positions run in."""
+"""Choosing the next token from logits: greedy, or sampled with temperature, top-k and
+top-p (nucleus) filtering, from a generator seeded by ``(seed, position)`` so that a
+generation is reproducible whatever order positions run in. ``tempo_llm.generate`` takes a
+greedy choice on the device (the argmax as RT ops) and runs ``Sampling.choose`` on the
+host for draws."""
 
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ class Sampling:
             raise ValueError(f"top_k must be at least 1, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the choice is the most likely token (no draw)."""
+        return self.temperature == 0
 
     def choose(self, logits: np.ndarray, position: int) -> np.ndarray:
         """One token per row of ``logits`` (``(B, vocab)``), as int32."""
