@@ -256,7 +256,8 @@ class JaxBackend:
                 xs = list(args[:inputs])
                 for (position, axis), count in zip(slices, rows):
                     block, start = xs[position]
-                    xs[position] = jax.lax.dynamic_slice_in_dim(block, start, count, axis)
+                    xs[position] = block if count == block.shape[axis] else \
+                        jax.lax.dynamic_slice_in_dim(block, start, count, axis)
                 outs = fn(xp, params, *xs)
                 if not writes:
                     return outs

@@ -324,16 +324,19 @@ def _tiled(edge: Edge) -> bool:
     return isinstance(last, Slice) and last.pad is not None
 
 
-CPU_DEVICE_BUFFER_BYTES = 8 << 20
-"""On a CPU, the largest block-store buffer kept as a device array. A kernel reads a device
-buffer's rows inside its own program (``JaxBackend.block_kernel``), but XLA's CPU
-code copies them out first, at a cost that grows past proportion with the buffer; a host
-buffer's rows are copied by NumPy (strided, along the readers' axis) and converted by the
-kernel, and each written row waits for its kernel. Greedy decoding, small config, causal,
-tokens/s with device against host buffers (2026-11-26, 2-core CPU): batch 1 at 8K
+CPU_DEVICE_BUFFER_BYTES = 32 << 20
+"""On a CPU, the largest block-store buffer kept as a device array (measured up to 16 MiB;
+larger ones stay host buffers until measured). A kernel reads a device buffer's rows
+inside its own program (``JaxBackend.block_kernel``; XLA's CPU code copies sliced rows out
+first, so long reads of the first rows take the whole buffer, ``WHOLE_BUFFER_SHARE``); a
+host buffer's rows are copied by NumPy (strided, along the readers' axis) and converted
+by the kernel, and each written row waits for its kernel. Greedy decoding, small config,
+causal, tokens/s with device against host buffers (2026-11-26, 2-core CPU): batch 1 at 8K
 positions (2 MiB buffers) 780 against 606-647, batch 8 at 2K (4 MiB) 3,015 against 2,728,
-at 4K (8 MiB) 1,834 against 1,605, at 8K (16 MiB) 631-643 against 951. On an accelerator
-a host buffer would cross to the device at every read: device arrays always."""
+at 4K (8 MiB) 1,834 against 1,605; at 8K (16 MiB) 1,140 / 1,053 against 892 / 841 in
+two rounds, in 533 / 586 against 736 / 722 MB peak RSS (631-643 against 951 before long
+reads took whole buffers). On an accelerator a host buffer would cross to the device at
+every read: device arrays always."""
 
 
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
@@ -500,8 +503,9 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     written = [k for k in range(len(op.outputs))  # not a buffer the kernel reads too
                if _device_blocks(stores[(op.id, k)]) and id(stores[(op.id, k)]) not in read_stores]
     if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
+        widens = _widens_prefix_reads(op, edges, blocks, stores, set(bounds))
         return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
-                               stores)
+                               stores, widens)
     donors = [(k, compile_function([last_reads[e]], domain, bounds), stores[(e.src.id, e.src_out)])
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
     if donors and static_params is not None and static_shapes:
@@ -537,16 +541,60 @@ def _device_blocks(store: Any) -> bool:
     return isinstance(store, BlockStore) and store.buffers.on_device
 
 
+WHOLE_BUFFER_SHARE = 1 / 3
+"""A kernel whose tiled reads of a buffer's first rows (``k[0:t+1]``, padded) cover more
+than this share of the buffer reads the whole buffer instead (``_widens_prefix_reads``).
+On XLA CPU, slicing the rows out inside the kernel copies them, and the copy costs more
+than the attention: batch 8, 8,208-row buffers, attention over 4,096 sliced rows 1.6 ms
+against 1.1 ms over the whole buffer masked (0.25 against 1.15 ms at 1,024 rows)."""
+
+
+def _widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: dict,
+                         known: set[Symbol]) -> bool:
+    """Whether ``op``'s kernel may read whole buffers where its reads ``blocks`` ask for
+    their first rows: every such read is padded to tiles (``tempo.passes.tile``: the
+    kernel masks every row past the read's points, whatever their number) from a growing
+    block store (a window's ring does not start at row 0), and nothing else the kernel
+    reads or makes has the padded length (it would not match the whole buffer's)."""
+    if not blocks:
+        return False
+    for k in blocks:
+        entry, store = edges[k].phi[-1], stores[(edges[k].src.id, edges[k].src_out)]
+        if not isinstance(entry, Slice) or entry.pad is None or isinstance(store, WindowStore):
+            return False
+    others = [e for k, e in enumerate(edges) if k not in blocks]
+    shapes = [d for t in op.outputs for d in t.shape]
+    for e in others:
+        shapes += [*e.src.outputs[e.src_out].shape, *(x.size for x in e.phi if isinstance(x, Slice))]
+    return all(d.symbols() <= known for d in shapes)
+
+
+def _whole_buffers(found: list[tuple[Any, int, int]], axes: list[int]) -> list[tuple[Any, int, int]]:
+    """``found`` (a kernel's block reads: buffer, first row, rows) with whole buffers where
+    every read is of the first rows, all of one length, of buffers of one length, and that
+    length covers more than ``WHOLE_BUFFER_SHARE`` of it."""
+    lengths = {block.shape[axis] for (block, _, _), axis in zip(found, axes)}
+    rows = {count for _, _, count in found}
+    if len(lengths) != 1 or len(rows) != 1 or any(start for _, start, _ in found):
+        return found
+    (length,), (count,) = lengths, rows
+    if count >= length or count <= WHOLE_BUFFER_SHARE * length:
+        return found
+    return [(block, 0, length) for block, _, _ in found]
+
+
 def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable], params: dict,
                     backend: Backend, kernel: Callable, blocks: list[int], written: list[int],
-                    stores: dict) -> Launcher:
+                    stores: dict, widens: bool = False) -> Launcher:
     """A device launcher whose kernel (``JaxBackend.block_kernel``) slices the device
     buffers its inputs ``blocks`` read and writes its outputs ``written`` into their
     stores' device buffers itself. Where a read is not one run of a buffer's rows (an empty
     slice, a buffer not made yet), the plain kernel runs on the reads' values and writes
-    through the stores. Its other inputs are not donated."""
+    through the stores. Its other inputs are not donated. ``widens``: long reads of the
+    buffers' first rows read the whole buffers (``_whole_buffers``)."""
     multi = op.definition.multi_output
     slices = tuple((k, stores[(edges[k].src.id, edges[k].src_out)].rows_axis) for k in blocks)
+    axes = [axis for _, axis in slices]
     kernels: dict[tuple[int, ...], Callable] = {}  # by the rows each write updates (a ring's: 2)
     slicers = [(k, stores[(edges[k].src.id, edges[k].src_out)].block_slice) for k in blocks]
     targets = [stores[(op.id, k)] for k in written]
@@ -560,6 +608,8 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             for write, value in zip(writes, outs if multi else (outs,)):
                 write(point, value)
             return
+        if widens:
+            found = _whole_buffers(found, axes)
         xs: list[Any] = [None if k in blocks else read(index)
                          for k, ((read, _), index) in enumerate(zip(reads, indices))]
         for (k, _), (block, start, _) in zip(slicers, found):
