@@ -134,10 +134,13 @@ class _Job:
                               sharded=self.sharded)
             optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
             _check_split(optimized, self.sharded, state.notes)
+            renamed = state.renamed if enabled else {}
+            kept = {renamed.get(rt.key, rt.key) for rt in self.outputs}
+            roots = _renamed_roots(self.roots, renamed, optimized)
             try:
-                donors = donation_candidates(optimized, self.bounds, self.kept, policy.donate_min_bytes) \
+                donors = donation_candidates(optimized, self.bounds, kept, policy.donate_min_bytes) \
                     if runtime.name == "jax" and policy.donate else []
-                schedule = build_schedule(optimized, self.bounds, ctx.bound_of, self.roots, self.kept,
+                schedule = build_schedule(optimized, self.bounds, ctx.bound_of, roots, kept,
                                           state.needed, donors)
                 report.notes.extend(state.notes)  # only the notes of the program that runs
                 if schedule.from_cache:
@@ -155,7 +158,8 @@ class _Job:
                 report.notes.append(f"passes undone ({', '.join(enabled)}), the optimized program "
                                     f"had no schedule: {err}")
         stage("schedule")
-        exe = Executable(ctx, optimized, self.bounds, self.outputs, schedule, runtime, policy, self.loops)
+        exe = Executable(ctx, optimized, self.bounds, self.outputs, schedule, runtime, policy, self.loops,
+                         renamed)
         exe.report = report
         stage("codegen")
         return exe
@@ -282,6 +286,16 @@ def _check_split(graph: SDG, sharded: Symbol | None, notes: list[str]) -> None:
         why = next((n for n in notes if n.startswith(f"parallel: {sharded.name} stays")),
                    "the parallel pass did not run")
         raise TempoError(f"{sharded.name} cannot be split over devices: {why}", looped.site)
+
+
+def _renamed_roots(roots: list[Op], renamed: dict[tuple[int, int], tuple[int, int]],
+                   graph: SDG) -> list[Op]:
+    """``roots`` as ``graph`` has them: an output fusion took is its fused op."""
+    out: dict[int, Op] = {}
+    for root in roots:
+        op_id = root.id if root.id in graph.ops else renamed[(root.id, 0)][0]
+        out[op_id] = graph.ops[op_id]
+    return list(out.values())
 
 
 def _check_outputs(ctx: Context, outputs: list[RecurrentTensor]) -> None:

@@ -63,6 +63,13 @@ class Edge:
     then keeps its rows along that axis, and the reader's permute is gone)."""
 
     @property
+    def tiled(self) -> bool:
+        """Whether the read's innermost entry is a slice padded to whole tiles
+        (``tempo.passes.tile``)."""
+        last = self.phi[-1] if self.phi else None
+        return isinstance(last, Slice) and last.pad is not None
+
+    @property
     def slices(self) -> tuple[int, ...]:
         """Positions in ``phi`` that are slices (each adds a leading spatial dim)."""
         return tuple(k for k, e in enumerate(self.phi) if isinstance(e, Slice))

@@ -36,7 +36,9 @@ class PassState:
     bound_of: dict[Symbol, Symbol]
     """The bound symbol of each dim."""
     keep: set[int]
-    """Ids of ops that must stay as they are (outputs: their stores are read at the end)."""
+    """Ids of ops that must stay as they are (outputs: their stores are read at the end);
+    fusion alone may take them into a fused op, which then exports their values
+    (``renamed``)."""
     next_id: int
     notes: list[str] = field(default_factory=list)
     parallel: tuple[Symbol, ...] = ()
@@ -52,6 +54,9 @@ class PassState:
     shapes_compiled: bool = False
     """The backend compiles a program per shape (JAX): varying-length reads are worth
     padding to a few lengths."""
+    renamed: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    """Where the values of ``keep`` ops went when fusion took them: ``(op, out) -> (fused
+    op, out)``."""
 
 
 Pass = Callable[[SDG, PassState], SDG]
@@ -61,6 +66,7 @@ def fusion(graph: SDG, state: PassState) -> SDG:
     """Pointwise islands become single ops (``tempo.passes.fusion``)."""
     result = fuse_pointwise(graph, state.needed, state.bounds, state.keep, state.next_id)
     state.needed = result.needed
+    state.renamed = result.renamed
     state.next_id += result.islands
     state.notes.append(f"fusion: {result.fused_ops} ops into {result.islands} fused ops")
     return result.graph

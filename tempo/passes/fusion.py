@@ -16,7 +16,7 @@ they are the recurrences that fusion must keep.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import islpy as isl
@@ -65,6 +65,8 @@ class FusionResult:
     needed: isl.UnionSet
     islands: int
     fused_ops: int
+    renamed: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    """Outputs of ``keep`` ops fused into a fused op: ``(op, out) -> (fused op, out)``."""
 
 
 def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
@@ -72,14 +74,16 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
     """``graph`` with its pointwise islands fused, and the needed points of the new graph.
 
     ``needed`` are the unfused graph's needed points (``statement_name``); ops in
-    ``keep`` (outputs) stay as they are; fused ops get ids from ``first_id`` on.
+    ``keep`` (outputs, whose stores are read at the end) may join an island, whose fused
+    op then exports their values (``FusionResult.renamed``); fused ops get ids from
+    ``first_id`` on.
     """
     by_op = {k: points.reset_tuple_id() for k, points in needed_by_op(needed, graph.ops).items()}
     order = _topological_order(graph)
     if order is None:
         return FusionResult(graph, needed, 0, 0)
     eligible = {op.id for op in graph.ops.values()
-                if op.id not in keep and op.id in by_op and _fusable(op, graph.in_edges(op), bounds)}
+                if op.id in by_op and _fusable(op, graph.in_edges(op), bounds)}
     islands = _Islands(graph, order)
     for op in order:
         for edge in graph.in_edges(op):
@@ -90,8 +94,10 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
         g[0] in eligible and any(_is_constant(e.src) for e in graph.in_edges(graph.ops[g[0]])))]
     if not groups:
         return FusionResult(graph, needed, 0, 0)
-    fused, new_needed = _rebuild(graph, groups, order, by_op, bounds, first_id)
-    return FusionResult(fused, new_needed, len(groups), sum(len(g) for g in groups))
+    fused, new_needed, exports = _rebuild(graph, groups, order, by_op, bounds, first_id, keep)
+    renamed = {(op_id, k): exports[(op_id, k)] for op_id in keep if op_id in graph.ops
+               for k in range(len(graph.ops[op_id].outputs)) if (op_id, k) in exports}
+    return FusionResult(fused, new_needed, len(groups), sum(len(g) for g in groups), renamed)
 
 
 # ---- which ops and edges ------------------------------------------------------------------
@@ -242,7 +248,10 @@ class _Islands:
 
 # ---- building the fused graph -----------------------------------------------------------
 def _rebuild(graph: SDG, groups: list[list[int]], order: list[Op], by_op: dict[int, isl.Set],
-             bounds: dict[Symbol, int], first_id: int) -> tuple[SDG, isl.UnionSet]:
+             bounds: dict[Symbol, int], first_id: int, keep: set[int]
+             ) -> tuple[SDG, isl.UnionSet, dict[tuple[int, int], tuple[int, int]]]:
+    """The fused graph, its needed points, and where each exported value went: ``(op,
+    out) -> (fused op id, fused out)``."""
     position = {op.id: k for k, op in enumerate(order)}
     island_of: dict[int, int] = {}
     for k, group in enumerate(groups):
@@ -254,7 +263,7 @@ def _rebuild(graph: SDG, groups: list[list[int]], order: list[Op], by_op: dict[i
     in_edges: list[list[tuple]] = []
     for k, group in enumerate(groups):
         members = sorted((graph.ops[i] for i in group), key=lambda op: position[op.id])
-        op, inputs, exported = _fuse(graph, members, consumers, island_of, k, bounds, first_id + k)
+        op, inputs, exported = _fuse(graph, members, consumers, island_of, k, bounds, first_id + k, keep)
         fused_ops.append(op)
         in_edges.append(inputs)
         for j, key in enumerate(exported):
@@ -268,7 +277,8 @@ def _rebuild(graph: SDG, groups: list[list[int]], order: list[Op], by_op: dict[i
 
     out = SDG()
     placed: set[int] = set()
-    folded = {op.id for op in graph.ops.values() if _is_constant(op) and consumers[op.id]
+    folded = {op.id for op in graph.ops.values()
+              if _is_constant(op) and op.id not in keep and consumers[op.id]
               and all(e.sink.id in island_of for e in consumers[op.id])}
     for op in graph.ops.values():
         k = island_of.get(op.id)
@@ -286,13 +296,16 @@ def _rebuild(graph: SDG, groups: list[list[int]], order: list[Op], by_op: dict[i
                 src, src_out = source(src, src_out)
                 out.add_edge(Edge(fused, n, src, src_out, phi))
     by_op = {k: points for k, points in by_op.items() if k not in folded}
-    return out, _renamed_needed(by_op, island_of, fused_ops)
+    renamed = {key: (fused_ops[k].id, j) for key, (k, j) in exports.items()}
+    return out, _renamed_needed(by_op, island_of, fused_ops), renamed
 
 
 def _fuse(graph: SDG, members: list[Op], consumers: dict[int, list[Edge]],
-          island_of: dict[int, int], island: int, bounds: dict[Symbol, int], op_id: int):
+          island_of: dict[int, int], island: int, bounds: dict[Symbol, int], op_id: int,
+          keep: set[int]):
     """The fused op of one island, its external inputs ``(src, src_out, phi)``, and the
-    ``(op, out)`` values it exports, in output order."""
+    ``(op, out)`` values it exports (read outside the island, or a ``keep`` op's), in
+    output order."""
     index = {op.id: m for m, op in enumerate(members)}
     inputs: list[tuple] = []
     input_index: dict[tuple, int] = {}
@@ -307,6 +320,8 @@ def _fuse(graph: SDG, members: list[Op], consumers: dict[int, list[Edge]],
                 args.append(("const", edge.src.params["value"]))
                 continue
             key = (edge.src.id, edge.src_out, repr(edge.phi))
+            if edge.tiled:  # its own input: its reader may want it laid out (tempo.passes.layout)
+                key = (*key, op.id, edge.sink_in)
             if key not in input_index:
                 input_index[key] = len(inputs)
                 inputs.append((edge.src, edge.src_out, edge.phi))
@@ -314,8 +329,8 @@ def _fuse(graph: SDG, members: list[Op], consumers: dict[int, list[Edge]],
         described.append(Member(op.kind, resolve_params(op.params, bounds), tuple(args),
                                 op.definition.multi_output, op.definition.kernel))
     exported = [(op.id, k) for op in members for k in range(len(op.outputs))
-                if any(not (island_of.get(e.sink.id) == island and _same_point(e))
-                       for e in consumers[op.id] if e.src_out == k)]
+                if op.id in keep or any(not (island_of.get(e.sink.id) == island and _same_point(e))
+                                        for e in consumers[op.id] if e.src_out == k)]
     exports = tuple((index[i], k) for i, k in exported)
     outputs = tuple(graph.ops[i].outputs[k] for i, k in exported)
     kinds = [op.label or op.kind for op in members]

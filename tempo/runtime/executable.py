@@ -91,9 +91,13 @@ class Executable:
 
     def __init__(self, ctx: ProgramDims, graph: SDG, bounds: dict[Symbol, int],
                  outputs: list[Output], schedule: Schedule, backend: Backend,
-                 memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None):
+                 memory: MemoryPolicy | None = None, loops: LoopPolicy | None = None,
+                 renamed: dict[tuple[int, int], tuple[int, int]] | None = None):
         self.ctx, self.graph, self.bounds = ctx, graph, bounds
         self.outputs, self.schedule, self.backend = outputs, schedule, backend
+        self.stored = {rt.key: (renamed or {}).get(rt.key, rt.key) for rt in outputs}
+        """Per output, the ``(op, output)`` whose store holds its points in ``graph``: its
+        own, or the fused op's that took it (``tempo.passes.fusion``)."""
         self.report: Any = None
         """Where compile time went (``tempo.compiler.CompileReport``; the compiler sets it)."""
         self.stats = MemoryStats()
@@ -102,7 +106,7 @@ class Executable:
                                    {op.id: point_bytes(op, bounds) for op in graph.ops.values()}) \
             if backend.name != "numpy" else set()
         """Ids of the ops whose points wait in host memory (``tempo.schedule.memory``)."""
-        self.windows = window_widths(graph, bounds, ctx.bound_of, {rt.key for rt in outputs})
+        self.windows = window_widths(graph, bounds, ctx.bound_of, set(self.stored.values()))
         """Per stored output read only through bounded windows: their width (a ``WindowStore``)."""
         self.loops = loops or LoopPolicy()
         root = ast.substitute(schedule.root, bounds)
@@ -188,9 +192,10 @@ class Executable:
         return trace
 
     def _gather(self, rt: Output, stores: dict, stopped: dict[str, int] | None = None) -> np.ndarray:
-        store = stores[rt.key]
+        key = self.stored[rt.key]
+        store = stores[key]
         sizes = [self.bounds[self.ctx.bound_of[d]] for d in rt.domain]
-        domain = self.graph.ops[rt.op.id].domain
+        domain = self.graph.ops[key[0]].domain
         if stopped is not None:
             sizes = _until(rt, sizes, stopped, store, domain)
         # Parallel dims laid out (tempo.passes.parallel): the last one laid out leads.
@@ -318,12 +323,6 @@ def _padded_end(readers: list[Edge], bounds: dict[Symbol, int], bound_of: dict[S
     return end
 
 
-def _tiled(edge: Edge) -> bool:
-    """Whether ``edge`` reads a slice padded to whole tiles (``tempo.passes.tile``)."""
-    last = edge.phi[-1]
-    return isinstance(last, Slice) and last.pad is not None
-
-
 CPU_DEVICE_BUFFER_BYTES = 32 << 20
 """On a CPU, the largest block-store buffer kept as a device array (measured up to 16 MiB;
 larger ones stay host buffers until measured). A kernel reads a device buffer's rows
@@ -361,7 +360,7 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         buffer_bytes = max(length, rows) * int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
         device = backend.name == "jax" and not swapped and op.id in on_device \
             and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
-            and all(not e.slices or e.sink.id in on_device and _tiled(e) for e in readers)
+            and all(not e.slices or e.sink.id in on_device and e.tiled for e in readers)
         axis = _rows_axis(op, readers)
         buffers = DeviceBuffers(backend, axis) if device else HostBuffers(backend.view_of_host, axis)
         if window is not None:
@@ -559,8 +558,7 @@ def _widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: d
     if not blocks:
         return False
     for k in blocks:
-        entry, store = edges[k].phi[-1], stores[(edges[k].src.id, edges[k].src_out)]
-        if not isinstance(entry, Slice) or entry.pad is None or isinstance(store, WindowStore):
+        if not edges[k].tiled or isinstance(stores[(edges[k].src.id, edges[k].src_out)], WindowStore):
             return False
     others = [e for k, e in enumerate(edges) if k not in blocks]
     shapes = [d for t in op.outputs for d in t.shape]

@@ -62,7 +62,7 @@ def swapped_ops(graph: SDG, schedule: Schedule, policy: MemoryPolicy,
     return out
 
 
-def donation_candidates(graph: SDG, bounds: dict[Symbol, int], kept: set[int],
+def donation_candidates(graph: SDG, bounds: dict[Symbol, int], kept: set[tuple[int, int]],
                         min_bytes: int = 0) -> list[Edge]:
     """The edges whose values their sink could take over: the sink is a device kernel with
     static shapes and params, the edge reads one point (at least ``min_bytes`` large) of an
@@ -80,7 +80,7 @@ def donation_candidates(graph: SDG, bounds: dict[Symbol, int], kept: set[int],
         free = [_layout(t, bounds) for t in op.outputs]
         for edge in edges:
             src = edge.src
-            if edge.slices or not src.domain or src.id in kept:
+            if edge.slices or not src.domain or (src.id, edge.src_out) in kept:
                 continue
             layout = _layout(src.outputs[edge.src_out], bounds)
             if layout in free and np.prod(layout[0]) * np.dtype(layout[1]).itemsize >= min_bytes:

@@ -76,11 +76,12 @@ class Schedule:
 
 
 def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                   roots: list[Op], kept: set[int], needed: isl.UnionSet,
+                   roots: list[Op], kept: set[tuple[int, int]], needed: isl.UnionSet,
                    donors: Collection[Edge] = ()) -> Schedule:
     """Schedule every ``needed`` point of a checked program (see ``analyze_points``).
 
-    ``kept`` are the ids of ops whose points are never freed (outputs, read at the end).
+    ``kept`` are the ``(op id, output)`` values whose points are never freed (the
+    program's outputs, read at the end).
     ``donors`` are point-reading edges whose last reads the runtime wants to know
     (``Schedule.last_reads``; see ``tempo.schedule.memory.donation_candidates``).
     """
@@ -102,7 +103,8 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     consumers = graph.consumers()
     uses = {(op.id, k): _uses(poly, op, [e for e in consumers[op.id] if e.src_out == k], poly_needed,
                               live_reads, theta)
-            for op in graph.ops.values() if op.id not in kept and op.domain for k in range(len(op.outputs))}
+            for op in graph.ops.values() if op.domain
+            for k in range(len(op.outputs)) if (op.id, k) not in kept}
     lasts = {key: _last_use(key_uses) for key, key_uses in uses.items() if not key_uses[None].is_empty()}
     frees = _free_statements(graph, lasts)
     statements.update({name: stmt for name, (stmt, _) in frees.items()})

@@ -101,3 +101,34 @@ def test_unknown_pass_names_are_rejected():
     ctx, T, outputs = _rnn()
     with pytest.raises(ValueError, match="unknown passes"):
         ctx.compile({T: 3}, outputs, backend="numpy", passes=("vectorize-everything",))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_outputs_join_the_fused_op_that_computes_them(backend):
+    """An output of the program is fused with the ops around it (its fused op exports its
+    points, none of which is freed), while the fused op's other values are still freed
+    after their last read; values equal the reference evaluator's."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(XS)[t]
+        h = tp.placeholder((4,))
+        h[0] = tp.const(np.zeros(4, np.float32))
+        y = (h @ tp.const(W) + x).tanh()  # read at t + 1 only: freed as the run goes
+        h[t + 1] = y[t] * 0.9
+        out = (y * 2.0).sum()  # the output, from y at the same point
+        first = y.exp()  # a second output, of the same island
+    bounds = {T: 6}
+    exe = ctx.compile(bounds, [out, first], backend=backend)
+    fused = [op for op in exe.graph.ops.values() if op.kind == "fused"]
+    assert out.op.id not in exe.graph.ops and first.op.id not in exe.graph.ops
+    assert {exe.stored[out.key][0], exe.stored[first.key][0]} <= {op.id for op in fused}
+    got = exe.run()
+    ref = evaluate(ctx, bounds, [out, first])
+    for rt in (out, first):
+        np.testing.assert_allclose(got[rt], ref[rt.key], rtol=1e-5, atol=1e-6)
+    stored = set(exe.stored.values())
+    freed = {(st.op.id, k) for st in exe.schedule.statements.values() if st.kind == "free"
+             for k in st.freed}
+    assert not stored & freed  # the outputs' points stay to the end
+    assert any(key[0] in {op.id for op in fused} for key in freed)  # y's are freed
