@@ -19,14 +19,22 @@ def _kinds(exe) -> list[str]:
     return [op.kind for op in exe.graph.ops.values()]
 
 
-def _rnn():
-    """h[t] = tanh(h[t-1] @ W + x[t]) * 0.9 + 0.1, read back through a running mean."""
+def _state():
+    """A context over ``t``, the input ``x[t]`` and a state ``h`` that starts at zeros."""
     ctx = tp.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
+    (t,), _ = ctx.dims, ctx.bounds
     with ctx:
         x = tp.const(XS)[t]
         h = tp.placeholder((4,))
         h[0] = tp.const(np.zeros(4, np.float32))
+    return ctx, t, x, h
+
+
+def _rnn():
+    """h[t] = tanh(h[t-1] @ W + x[t]) * 0.9 + 0.1, read back through a running mean."""
+    ctx, t, x, h = _state()
+    (T,) = ctx.bounds
+    with ctx:
         h[t + 1] = (h @ tp.const(W) + x[t + 1]).tanh() * 0.9 + 0.1
         out = (h * 2.0 + 1.0).exp().log()
     return ctx, T, [h, out]
@@ -108,12 +116,9 @@ def test_outputs_join_the_fused_op_that_computes_them(backend):
     """An output of the program is fused with the ops around it (its fused op exports its
     points, none of which is freed), while the fused op's other values are still freed
     after their last read; values equal the reference evaluator's."""
-    ctx = tp.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
+    ctx, t, x, h = _state()
+    (T,) = ctx.bounds
     with ctx:
-        x = tp.const(XS)[t]
-        h = tp.placeholder((4,))
-        h[0] = tp.const(np.zeros(4, np.float32))
         y = (h @ tp.const(W) + x).tanh()  # read at t + 1 only: freed as the run goes
         h[t + 1] = y[t] * 0.9
         out = (y * 2.0).sum()  # the output, from y at the same point

@@ -153,6 +153,21 @@ def _stores_of(exe):
                                    exe.swapped, exe.windows)
 
 
+def _exp_attention(length: int, seed: int, window: int | None = None):
+    """``s[t]``: the sum over the rows of ``y[0:t+1]`` (or a window of it) of ``exp(q . y)``,
+    the read laid out ``(2, 3, n)`` for the matmul; the context, bounds and ``s``."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    rng = np.random.default_rng(seed)
+    with ctx:
+        x = tp.const(rng.normal(size=(length, 2, 3)).astype(np.float32))[t]
+        y = x.tanh()  # (2, 3) per point
+        q = tp.const(rng.normal(size=(2, 1, 3)).astype(np.float32))
+        rows = y[0:t + 1] if window is None else y[tp.max(0, t - window + 1):t + 1]
+        s = (q @ rows.permute(1, 2, 0)).exp().sum(-1)
+    return ctx, {T: length}, s
+
+
 @pytest.mark.parametrize("window", [None, 4])
 def test_kernels_slice_device_buffers_themselves(monkeypatch, window):
     """A tiled read of a device buffer is sliced inside the reading kernel (no program
@@ -167,16 +182,7 @@ def test_kernels_slice_device_buffers_themselves(monkeypatch, window):
         made.append((slices, writes))
         return original(self, op, params, inputs, slices, writes)
     monkeypatch.setattr(JaxBackend, "block_kernel", recording)
-    ctx = tp.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
-    rng = np.random.default_rng(1)
-    with ctx:
-        x = tp.const(rng.normal(size=(40, 2, 3)).astype(np.float32))[t]
-        y = x.tanh()  # (2, 3) per point
-        q = tp.const(rng.normal(size=(2, 1, 3)).astype(np.float32))
-        rows = y[0:t + 1] if window is None else y[tp.max(0, t - window + 1):t + 1]
-        s = (q @ rows.permute(1, 2, 0)).exp().sum(-1)  # the read laid out (2, 3, n)
-    bounds = {T: 40}
+    ctx, bounds, s = _exp_attention(40, seed=1, window=window)
     with ctx:
         exe = ctx.compile(bounds, [s], backend="jax", tile=16 if window is None else None)
         got = exe.run()[s]  # a window's reads: padded to the window (the compiler's choice)
@@ -207,15 +213,7 @@ def test_long_reads_of_a_buffers_first_rows_read_the_whole_buffer(monkeypatch, f
             return run(rows, *args)
         return recorded if slices else run
     monkeypatch.setattr(JaxBackend, "block_kernel", recording)
-    ctx = tp.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
-    rng = np.random.default_rng(2)
-    with ctx:
-        x = tp.const(rng.normal(size=(90, 2, 3)).astype(np.float32))[t]
-        y = x.tanh()
-        q = tp.const(rng.normal(size=(2, 1, 3)).astype(np.float32))
-        s = (q @ y[0:t + 1].permute(1, 2, 0)).exp().sum(-1)
-    bounds = {T: 90}
+    ctx, bounds, s = _exp_attention(90, seed=2)
     passes = None if fused else [name for name, _ in PIPELINE if name != "fusion"]
     with ctx:
         exe = ctx.compile(bounds, [s], backend="jax", tile=16, passes=passes)
