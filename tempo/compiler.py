@@ -290,11 +290,12 @@ def _check_split(graph: SDG, sharded: Symbol | None, notes: list[str]) -> None:
 
 def _renamed_roots(roots: list[Op], renamed: dict[tuple[int, int], tuple[int, int]],
                    graph: SDG) -> list[Op]:
-    """``roots`` as ``graph`` has them: an output fusion took is its fused op."""
+    """``roots`` as ``graph`` has them: an output fusion took is its fused op (which
+    exports every output of it)."""
     out: dict[int, Op] = {}
     for root in roots:
-        op_id = root.id if root.id in graph.ops else renamed[(root.id, 0)][0]
-        out[op_id] = graph.ops[op_id]
+        op_id = renamed.get((root.id, 0), (root.id, 0))[0]
+        out[op_id] = graph.ops.get(op_id, root)
     return list(out.values())
 
 

@@ -37,7 +37,7 @@ class Sampling:
 
     def choose(self, logits: np.ndarray, position: int) -> np.ndarray:
         """One token per row of ``logits`` (``(B, vocab)``), as int32."""
-        if self.temperature == 0:
+        if self.greedy:
             return logits.argmax(-1).astype(np.int32)
         scaled = logits.astype(np.float64) / self.temperature
         if self.top_k is not None and self.top_k < scaled.shape[-1]:
