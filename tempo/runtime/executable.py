@@ -316,8 +316,8 @@ def _padded_end(readers: list[Edge], bounds: dict[Symbol, int], bound_of: dict[S
     read that runs further is padded with zeros by a copy."""
     end = 0
     for edge in readers:
-        entry = edge.phi[-1]
-        if isinstance(entry, Slice) and entry.pad is not None:
+        if edge.tiled:
+            entry = edge.phi[-1]
             last = {d: bounds[bound_of[d]] - 1 for d in edge.sink.domain}
             end = max(end, int((entry.start + entry.pad).substitute(bounds).evaluate(last)))
     return end
@@ -395,7 +395,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     static_shapes = not op.definition.host and has_static_shapes(op, edges, set(bounds), tiled=True)
-    reads = [(_reader(stores[(e.src.id, e.src_out)], e, not static_shapes, backend),
+    reads = [(_reader(_source_store(e, stores), e, not static_shapes, backend),
               compile_function(e.phi, op.domain, bounds)) for e in edges]
     writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
     if op.kind == "merge":
@@ -433,7 +433,7 @@ def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,
 def _reader_sum_launcher(op: Op, edge: Edge, stores: dict, bounds: dict[Symbol, int],
                          backend: Backend) -> Launcher:
     accumulate = compile_reader_sum(op.params["reads"], op.domain, bounds)
-    read = stores[(edge.src.id, edge.src_out)].reader(False)
+    read = _source_store(edge, stores).reader(False)
     write = stores[(op.id, 0)].write
     out = op.outputs[0]
     shape = compile_function(out.shape, op.domain, bounds)
@@ -498,14 +498,14 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     kernel = backend.kernel(op, static_params, static_shapes)
     domain = op.domain
     blocks = [k for k, e in enumerate(edges) if _device_block_slice(e, stores)]
-    read_stores = {id(stores[(e.src.id, e.src_out)]) for e in edges}
+    read_stores = {id(_source_store(e, stores)) for e in edges}
     written = [k for k in range(len(op.outputs))  # not a buffer the kernel reads too
                if _device_blocks(stores[(op.id, k)]) and id(stores[(op.id, k)]) not in read_stores]
     if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
         widens = _widens_prefix_reads(op, edges, blocks, stores, set(bounds))
         return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
                                stores, widens)
-    donors = [(k, compile_function([last_reads[e]], domain, bounds), stores[(e.src.id, e.src_out)])
+    donors = [(k, compile_function([last_reads[e]], domain, bounds), _source_store(e, stores))
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
     if donors and static_params is not None and static_shapes:
         return _donating_launcher(op, reads, writes, static_params, backend, kernel, donors)
@@ -526,10 +526,15 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     return launch
 
 
+def _source_store(edge: Edge, stores: dict) -> Any:
+    """The store that ``edge`` reads."""
+    return stores[(edge.src.id, edge.src_out)]
+
+
 def _device_block_slice(edge: Edge, stores: dict) -> bool:
     """Whether ``edge`` reads a slice of the innermost dim only (points of the others) of a
     block store whose buffers are on the device, with the rows where the store keeps them."""
-    store = stores[(edge.src.id, edge.src_out)]
+    store = _source_store(edge, stores)
     return _device_blocks(store) and len(edge.slices) == 1 and edge.slices[0] == len(edge.phi) - 1 \
         and edge.rows_at == store.rows_axis
 
@@ -555,11 +560,9 @@ def _widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: d
     kernel masks every row past the read's points, whatever their number) from a growing
     block store (a window's ring does not start at row 0), and nothing else the kernel
     reads or makes has the padded length (it would not match the whole buffer's)."""
-    if not blocks:
+    reads = [edges[k] for k in blocks]
+    if not reads or not all(e.tiled and not isinstance(_source_store(e, stores), WindowStore) for e in reads):
         return False
-    for k in blocks:
-        if not edges[k].tiled or isinstance(stores[(edges[k].src.id, edges[k].src_out)], WindowStore):
-            return False
     others = [e for k, e in enumerate(edges) if k not in blocks]
     shapes = [d for t in op.outputs for d in t.shape]
     for e in others:
@@ -591,10 +594,11 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     through the stores. Its other inputs are not donated. ``widens``: long reads of the
     buffers' first rows read the whole buffers (``_whole_buffers``)."""
     multi = op.definition.multi_output
-    slices = tuple((k, stores[(edges[k].src.id, edges[k].src_out)].rows_axis) for k in blocks)
-    axes = [axis for _, axis in slices]
+    sources = [_source_store(edges[k], stores) for k in blocks]
+    axes = [store.rows_axis for store in sources]
+    slices = tuple(zip(blocks, axes))
     kernels: dict[tuple[int, ...], Callable] = {}  # by the rows each write updates (a ring's: 2)
-    slicers = [(k, stores[(edges[k].src.id, edges[k].src_out)].block_slice) for k in blocks]
+    slicers = [(k, store.block_slice) for k, store in zip(blocks, sources)]
     targets = [stores[(op.id, k)] for k in written]
     others = [(write, k) for k, write in enumerate(writes) if k not in written]
 
