@@ -536,6 +536,21 @@ def _mask_rows(xp: Any, p: dict, x: Any, count: Any) -> Any:
 register("mask_rows", lambda x, count, axis, fill: (x,), _mask_rows)
 
 
+def _put_row(xp: Any, p: dict, x: Any, row: Any, count: Any) -> Any:
+    put = getattr(x, "put_row", None)
+    if put is not None:  # rows of a buffer the kernel writes itself (JaxBackend.block_kernel)
+        return put(row)
+    rows, axis = x.shape[p["axis"]], p["axis"]
+    at = (xp.arange(rows) == count - 1).reshape((rows, *(1,) * (x.ndim - axis - 1)))
+    return xp.where(at, xp.expand_dims(row, axis), x)
+
+
+# ``x`` (rows along axis ``axis``, from the start) with row ``count - 1`` replaced by ``row``:
+# a tiled read ``k[s:t+1]`` as the earlier rows ``k[s:t]`` (padded as before) and the row
+# the reader's own point makes (``tempo.passes.newest``).
+register("put_row", lambda x, row, count, axis: (x,), _put_row)
+
+
 def _eval_symbol(p: dict, point: dict, *inputs: Any) -> np.ndarray:
     return np.asarray(p["expr"].evaluate(point), dtype=p["dtype"])
 

@@ -22,6 +22,7 @@ from tempo.passes.fold import fold_constants
 from tempo.passes.fusion import fuse_pointwise
 from tempo.passes.layout import lay_out_reads
 from tempo.passes.lift import lift_recurrences
+from tempo.passes.newest import split_newest_rows
 from tempo.passes.parallel import vectorize_parallel_dims
 from tempo.passes.simplify import simplify_algebra
 from tempo.passes.tile import tile_dynamic_slices
@@ -84,6 +85,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("vectorize", vectorize_innermost_dim),  # the innermost dim laid out spatially (tempo.passes.vectorize)
     ("accumulate", accumulate_sums),  # stepwise gradient sums kept running (tempo.passes.accumulate)
     ("tile", tile_dynamic_slices),   # varying-length reads padded to tiles (tempo.passes.tile)
+    ("newest", split_newest_rows),   # a read of k[0:t+1] takes k[t] from its point (tempo.passes.newest)
     ("fusion", fusion),
     ("layout", lay_out_reads),       # tiled reads delivered permuted (tempo.passes.layout)
 ]

@@ -83,7 +83,7 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
     if order is None:
         return FusionResult(graph, needed, 0, 0)
     eligible = {op.id for op in graph.ops.values()
-                if op.id in by_op and _fusable(op, graph.in_edges(op), bounds)}
+                if op.id in by_op and fusable(op, graph.in_edges(op), bounds)}
     islands = _Islands(graph, order)
     for op in order:
         for edge in graph.in_edges(op):
@@ -101,7 +101,7 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
 
 
 # ---- which ops and edges ------------------------------------------------------------------
-def _fusable(op: Op, edges: list[Edge], bounds: dict[Symbol, int]) -> bool:
+def fusable(op: Op, edges: list[Edge], bounds: dict[Symbol, int]) -> bool:
     """Device ops with one shape and one set of params at every point."""
     d = op.definition
     return (not d.host and d.kernel is not None and op.kind != "fused" and op.when is TRUE
@@ -130,7 +130,16 @@ def _shift(edge: Edge) -> int:
 
 
 def _strictly_earlier(edge: Edge) -> bool:
-    return _shift(edge) < 0
+    """The sink at ``p`` reads source points before ``p`` only: one (``h[t-1]``), or a
+    slice of the innermost dim that ends before it (``k[0:t]``) at ``p``'s other dims."""
+    if _shift(edge) < 0:
+        return True
+    domain = edge.sink.domain
+    if edge.cond is not TRUE or edge.src.domain != domain or edge.slices != (len(domain) - 1,) \
+            or any(entry is not dim for entry, dim in zip(edge.phi[:-1], domain)):
+        return False
+    form = linear_form(edge.phi[-1].stop - domain[-1])
+    return form is not None and not form[0] and form[1] <= 0
 
 
 FOLDED_CONSTANT_BYTES = 1 << 16

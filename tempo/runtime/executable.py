@@ -498,9 +498,7 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     kernel = backend.kernel(op, static_params, static_shapes)
     domain = op.domain
     blocks = [k for k, e in enumerate(edges) if _device_block_slice(e, stores)]
-    read_stores = {id(_source_store(e, stores)) for e in edges}
-    written = [k for k in range(len(op.outputs))  # not a buffer the kernel reads too
-               if _device_blocks(stores[(op.id, k)]) and id(stores[(op.id, k)]) not in read_stores]
+    written = [k for k in range(len(op.outputs)) if _written_by_kernel(op, k, edges, blocks, stores)]
     if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
         widens = _widens_prefix_reads(op, edges, blocks, stores, set(bounds))
         return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
@@ -537,6 +535,24 @@ def _device_block_slice(edge: Edge, stores: dict) -> bool:
     store = _source_store(edge, stores)
     return _device_blocks(store) and len(edge.slices) == 1 and edge.slices[0] == len(edge.phi) - 1 \
         and edge.rows_at == store.rows_axis
+
+
+def _written_by_kernel(op: Op, k: int, edges: list[Edge], blocks: list[int], stores: dict) -> bool:
+    """Whether ``op``'s kernel can write its output ``k`` into its store's device buffers
+    itself: where it reads that buffer too, only as the earlier rows its ``put_row``
+    members complete with the row it writes (``tempo.passes.newest``)."""
+    store = stores[(op.id, k)]
+    return _device_blocks(store) and all(
+        n in blocks and _rows_put(op, n) for n, e in enumerate(edges) if _source_store(e, stores) is store)
+
+
+def _rows_put(op: Op, n: int) -> bool:
+    """Whether fused ``op`` uses its input ``n`` only as the rows of ``put_row`` members."""
+    if op.kind != "fused":
+        return False
+    uses = [m for m in op.params["members"] if ("in", n) in m.args]
+    return bool(uses) and all(m.kind == "put_row" and m.args.index(("in", n)) == 0
+                              and m.args.count(("in", n)) == 1 for m in uses)
 
 
 def _device_blocks(store: Any) -> bool:
@@ -589,20 +605,26 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
                     stores: dict, widens: bool = False) -> Launcher:
     """A device launcher whose kernel (``JaxBackend.block_kernel``) slices the device
     buffers its inputs ``blocks`` read and writes its outputs ``written`` into their
-    stores' device buffers itself. Where a read is not one run of a buffer's rows (an empty
-    slice, a buffer not made yet), the plain kernel runs on the reads' values and writes
-    through the stores. Its other inputs are not donated. ``widens``: long reads of the
-    buffers' first rows read the whole buffers (``_whole_buffers``)."""
+    stores' device buffers itself (a read of a buffer it writes is of the rows its
+    ``put_row`` members complete, ``_written_by_kernel``). Where a read is not one run of
+    a buffer's rows (an empty slice, a buffer not made yet), the plain kernel runs on the
+    reads' values and writes through the stores. Its other inputs are not donated.
+    ``widens``: long reads of the buffers' first rows read the whole buffers
+    (``_whole_buffers``)."""
     multi = op.definition.multi_output
     sources = [_source_store(edges[k], stores) for k in blocks]
     axes = [store.rows_axis for store in sources]
+    targets = [stores[(op.id, k)] for k in written]
+    shared = tuple((k, next(j for j, t in enumerate(targets) if t is store))
+                   for k, store in zip(blocks, sources) if any(t is store for t in targets))
     slices = tuple(zip(blocks, axes))
     kernels: dict[tuple[int, ...], Callable] = {}  # by the rows each write updates (a ring's: 2)
     slicers = [(k, store.block_slice) for k, store in zip(blocks, sources)]
-    targets = [stores[(op.id, k)] for k in written]
+    in_buffer = {k for k, _ in shared}
     others = [(write, k) for k, write in enumerate(writes) if k not in written]
 
     def launch(point: tuple[int, ...]) -> None:
+        slots = [store.row_slots(point) for store in targets]  # first: a ring may grow
         indices = [phi(*point) for _, phi in reads]
         found = [slicer(indices[k]) for k, slicer in slicers]
         if any(f is None for f in found):
@@ -615,14 +637,13 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
         xs: list[Any] = [None if k in blocks else read(index)
                          for k, ((read, _), index) in enumerate(zip(reads, indices))]
         for (k, _), (block, start, _) in zip(slicers, found):
-            xs[k] = (block, np.int32(start))
-        slots = [store.row_slots(point) for store in targets]
+            xs[k] = np.int32(start) if k in in_buffer else (block, np.int32(start))
         copies = tuple(len(rows) for _, rows in slots)
         run = kernels.get(copies)
         if run is None:
             run = kernels[copies] = backend.block_kernel(
                 op, params, len(edges), slices,
-                tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies)))
+                tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies)), shared)
         outs = run(tuple(rows for _, _, rows in found), *xs, *(b for b, _ in slots),
                    *(np.int32(row) for _, rows in slots for row in rows))
         if written:

@@ -178,7 +178,7 @@ def _widest_window(readers: list[Edge], bounds: dict[Symbol, int],
             continue
         if not entry.start.symbols() - set(bounds):  # a slice that does not move (x[0:3])
             return None
-        size = entry.count
+        size = entry.size  # a padded read's rows past its points are buffer rows too
         free = [s for s in size.symbols() if s not in bounds]
         if len(free) > 1:
             return None

@@ -169,29 +169,41 @@ def _exp_attention(length: int, seed: int, window: int | None = None):
 
 
 @pytest.mark.parametrize("window", [None, 4])
-def test_kernels_slice_device_buffers_themselves(monkeypatch, window):
+@pytest.mark.parametrize("newest", [True, False])
+def test_kernels_slice_device_buffers_themselves(monkeypatch, window, newest):
     """A tiled read of a device buffer is sliced inside the reading kernel (no program
     copying the rows out first), including rows laid out along another axis
     (``tempo.passes.layout``), and the kernel making the rows writes them into the buffer
-    itself (into a window's ring twice); the values are the reference evaluator's."""
+    itself (into a window's ring twice). With ``tempo.passes.newest`` that is one kernel,
+    which writes the row of its point and reads the rows from the written buffer; without
+    it, two. The values are the reference evaluator's."""
     from tempo.runtime.backends import JaxBackend
     made = []
     original = JaxBackend.block_kernel
 
-    def recording(self, op, params, inputs, slices, writes=()):
-        made.append((slices, writes))
-        return original(self, op, params, inputs, slices, writes)
+    def recording(self, op, params, inputs, slices, writes=(), shared=()):
+        made.append((slices, writes, shared))
+        return original(self, op, params, inputs, slices, writes, shared)
     monkeypatch.setattr(JaxBackend, "block_kernel", recording)
     ctx, bounds, s = _exp_attention(40, seed=1, window=window)
+    passes = None if newest else [name for name, _ in PIPELINE if name != "newest"]
     with ctx:
-        exe = ctx.compile(bounds, [s], backend="jax", tile=16 if window is None else None)
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16 if window is None else None, passes=passes)
         got = exe.run()[s]  # a window's reads: padded to the window (the compiler's choice)
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     (read,) = [e for e in exe.graph.edges() if e.slices]
     assert read.rows_at == 2
-    assert ((read.sink_in, 2),) in [slices for slices, _ in made]
-    writer = [writes for slices, writes in made if writes]
-    assert writer == [((read.src_out, 2, 1 if window is None else 2),)]  # y's rows, by y's kernel
+    copies = 1 if window is None else 2
+    writes = ((read.src_out, 2, copies),)  # y's rows, by y's kernel
+    if window is not None:  # a ring of the window's rows, split read or not
+        assert exe.windows == {(read.src.id, read.src_out): window}
+    if newest:
+        assert read.src is read.sink  # the fused kernel reads the rows it writes
+        assert made == [(((read.sink_in, 2),), writes, ((read.sink_in, 0),))]
+    else:
+        assert read.src is not read.sink
+        assert (((read.sink_in, 2),), (), ()) in made
+        assert [w for _, w, _ in made if w] == [writes]
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -205,8 +217,8 @@ def test_long_reads_of_a_buffers_first_rows_read_the_whole_buffer(monkeypatch, f
     rows_read = set()
     original = JaxBackend.block_kernel
 
-    def recording(self, op, params, inputs, slices, writes=()):
-        run = original(self, op, params, inputs, slices, writes)
+    def recording(self, op, params, inputs, slices, writes=(), shared=()):
+        run = original(self, op, params, inputs, slices, writes, shared)
 
         def recorded(rows, *args):
             rows_read.update(rows)
