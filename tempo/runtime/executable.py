@@ -561,12 +561,17 @@ def _device_blocks(store: Any) -> bool:
     return isinstance(store, BlockStore) and store.buffers.on_device
 
 
-WHOLE_BUFFER_SHARE = 1 / 3
+WHOLE_BUFFER_SHARE = 0.6
 """A kernel whose tiled reads of a buffer's first rows (``k[0:t+1]``, padded) cover more
 than this share of the buffer reads the whole buffer instead (``_widens_prefix_reads``).
-On XLA CPU, slicing the rows out inside the kernel copies them, and the copy costs more
-than the attention: batch 8, 8,208-row buffers, attention over 4,096 sliced rows 1.6 ms
-against 1.1 ms over the whole buffer masked (0.25 against 1.15 ms at 1,024 rows)."""
+On XLA CPU, slicing the rows out inside the kernel copies them, and the copy costs about
+as much as the attention over them: batch 8, 8,208-row buffers, attention alone over
+4,096 sliced rows 1.6 ms against 1.1 ms over the whole buffer masked (0.25 against 1.15
+ms at 1,024 rows). Greedy decoding (small config, causal, one kernel per position,
+2026-11-26, two rounds, tokens/s at shares 1/3, 0.5, 0.6, 0.75, 1 (never)): batch 1 at
+8K tokens 892 / 961 at 1/3, 917 / 1,074 at 0.5, 1,000-1,054 at 0.6, 994 / 1,047 at 0.75,
+938 / 1,016 never; batch 8 at 8K 1,275 / 1,192, 1,373 / 1,408, 1,334-1,430, 1,385 /
+1,386, 1,035 / 1,138; batch 8 at 2K 3,847 / 3,987 at 1/3, 4,477 / 4,453 at 0.6."""
 
 
 def _widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: dict,
