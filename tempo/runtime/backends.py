@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -278,6 +280,15 @@ class JaxBackend:
             kernel = cache[key] = jax.jit(run, static_argnums=0, donate_argnums=donate)
         return kernel
 
+    def compile_later(self, kernel: Callable, static: Any, args: tuple) -> Future:
+        """Compile jitted ``kernel`` for static argument ``static`` and arguments shaped as
+        ``args``, on a background thread; once the future is done, calling
+        ``kernel(static, *args)`` runs without compiling (XLA's compiler releases the GIL,
+        so the caller's thread goes on meanwhile)."""
+        specs = self.jax.tree_util.tree_map(
+            lambda a: self.jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+        return _compiler_thread().submit(lambda: kernel.lower(static, *specs).compile())
+
     def donatable(self, value: Any) -> bool:
         """Whether a kernel can take ``value``'s buffer over (a device array)."""
         return isinstance(value, self.jax.Array)
@@ -424,6 +435,12 @@ class XlaNamespace:
             return np.argsort(np.asarray(values), axis=axis, kind=kind).astype(np.int32)
         result = self._jax.ShapeDtypeStruct(x.shape, self._jnp.int32)
         return self._jax.pure_callback(sort, result, x)
+
+
+@functools.cache
+def _compiler_thread() -> ThreadPoolExecutor:
+    """The one thread that compiles kernels ahead of their use (``compile_later``)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="tempo-compile")
 
 
 class _WrittenBuffer:

@@ -141,7 +141,7 @@ class Executable:
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats,
                               self.swapped, self.windows)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
-                                     self.backend, shift)
+                                     self.backend, shift, self.ctx.bound_of)
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
         batched = _batched_point_ops(self.schedule, stores, self.bounds, shift) if self._lowered else {}
@@ -252,13 +252,15 @@ def _checked_origin(ctx: ProgramDims, origin: dict[Symbol, int]) -> dict[Symbol,
 
 
 def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[Symbol, int],
-                     backend: Backend, shift: dict[Symbol, int]) -> dict[str, Callable]:
+                     backend: Backend, shift: dict[Symbol, int],
+                     bound_of: dict[Symbol, Symbol]) -> dict[str, Callable]:
     table: dict[str, Callable] = {}
     for name, stmt in schedule.statements.items():
         op = stmt.op
         if stmt.kind == "exec":
+            extent = bounds[bound_of[op.domain[-1]]] if op.domain else 0
             table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend, shift,
-                                        schedule.last_reads)
+                                        schedule.last_reads, extent)
         else:
             table[name] = _free(op, stmt.freed, stores)
     return table
@@ -388,10 +390,11 @@ def _rows_axis(op: Op, readers: list[Edge]) -> int:
 # ---- launchers ---------------------------------------------------------------------------
 def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
                   backend: Backend, shift: dict[Symbol, int] | None = None,
-                  last_reads: dict[Edge, Expr] | None = None) -> Launcher:
+                  last_reads: dict[Edge, Expr] | None = None, extent: int = 0) -> Launcher:
     """The function that executes ``op`` at a point (host ops see coordinates and bounds
     moved by ``shift``, see ``Executable.run``'s origin; device kernels donate the inputs
-    they read last, where ``last_reads`` says so, see ``tempo.schedule.memory``)."""
+    they read last, where ``last_reads`` says so, see ``tempo.schedule.memory``).
+    ``extent``: the points of ``op``'s innermost dim (0: not known)."""
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     static_shapes = not op.definition.host and has_static_shapes(op, edges, set(bounds), tiled=True)
@@ -403,7 +406,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.definition.host:
         return _host_launcher(op, reads, writes, bounds, backend, shift or {})
     return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores,
-                            static_shapes)
+                            static_shapes, extent)
 
 
 def _reader(store: Any, edge: Edge, host: bool, backend: Backend) -> Callable[[tuple], Any]:
@@ -491,7 +494,7 @@ def _batched_point_ops(schedule: Schedule, stores: dict, bounds: dict[Symbol, in
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
                      bounds: dict[Symbol, int], backend: Backend, last_reads: dict[Edge, Expr],
-                     stores: dict, static_shapes: bool) -> Launcher:
+                     stores: dict, static_shapes: bool, extent: int = 0) -> Launcher:
     multi = op.definition.multi_output
     symbolic = bool(param_symbols(op.params) & set(op.domain))  # params vary with the point
     static_params = None if symbolic else resolve_params(op.params, bounds)
@@ -501,8 +504,9 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     written = [k for k in range(len(op.outputs)) if _written_by_kernel(op, k, edges, blocks, stores)]
     if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
         widens = _widens_prefix_reads(op, edges, blocks, stores, set(bounds))
+        tiled = any(edges[k].tiled for k in blocks)  # row counts that change along the dim
         return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
-                               stores, widens)
+                               stores, widens, extent if tiled else 0)
     donors = [(k, compile_function([last_reads[e]], domain, bounds), _source_store(e, stores))
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
     if donors and static_params is not None and static_shapes:
@@ -591,31 +595,37 @@ def _widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: d
     return all(d.symbols() <= known for d in shapes)
 
 
-def _whole_buffers(found: list[tuple[Any, int, int]], axes: list[int]) -> list[tuple[Any, int, int]]:
+def _whole_buffers(found: list[tuple[Any, int, int]], axes: list[int],
+                   share: float = WHOLE_BUFFER_SHARE) -> list[tuple[Any, int, int]]:
     """``found`` (a kernel's block reads: buffer, first row, rows) with whole buffers where
     every read is of the first rows, all of one length, of buffers of one length, and that
-    length covers more than ``WHOLE_BUFFER_SHARE`` of it."""
+    length covers more than ``share`` of it."""
     lengths = {block.shape[axis] for (block, _, _), axis in zip(found, axes)}
     rows = {count for _, _, count in found}
     if len(lengths) != 1 or len(rows) != 1 or any(start for _, start, _ in found):
         return found
     (length,), (count,) = lengths, rows
-    if count >= length or count <= WHOLE_BUFFER_SHARE * length:
+    if count >= length or count <= share * length:
         return found
     return [(block, 0, length) for block, _, _ in found]
 
 
 def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable], params: dict,
                     backend: Backend, kernel: Callable, blocks: list[int], written: list[int],
-                    stores: dict, widens: bool = False) -> Launcher:
+                    stores: dict, widens: bool = False, bound: int = 0) -> Launcher:
     """A device launcher whose kernel (``JaxBackend.block_kernel``) slices the device
     buffers its inputs ``blocks`` read and writes its outputs ``written`` into their
     stores' device buffers itself (a read of a buffer it writes is of the rows its
     ``put_row`` members complete, ``_written_by_kernel``). Where a read is not one run of
-    a buffer's rows (an empty slice, a buffer not made yet), the plain kernel runs on the
-    reads' values and writes through the stores. Its other inputs are not donated.
-    ``widens``: long reads of the buffers' first rows read the whole buffers
-    (``_whole_buffers``)."""
+    a buffer's rows (a buffer not made yet), the plain kernel runs on the reads' values and
+    writes through the stores. Its other inputs are not donated. ``widens``: long reads of
+    the buffers' first rows read the whole buffers (``_whole_buffers``).
+
+    The kernel is compiled for each count of rows the reads take (a tiled read's few
+    lengths). At the first launch the counts of the later points along the innermost dim
+    (up to ``bound``) are compiled in the background, in the order they come
+    (``_Programs``): a decoder's first generation compiles its next tiles while it
+    decodes."""
     multi = op.definition.multi_output
     sources = [_source_store(edges[k], stores) for k in blocks]
     axes = [store.rows_axis for store in sources]
@@ -623,10 +633,25 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     shared = tuple((k, next(j for j, t in enumerate(targets) if t is store))
                    for k, store in zip(blocks, sources) if any(t is store for t in targets))
     slices = tuple(zip(blocks, axes))
-    kernels: dict[tuple[int, ...], Callable] = {}  # by the rows each write updates (a ring's: 2)
+    programs = _Programs(backend)
     slicers = [(k, store.block_slice) for k, store in zip(blocks, sources)]
     in_buffer = {k for k, _ in shared}
     others = [(write, k) for k, write in enumerate(writes) if k not in written]
+
+    def counts(found: list[tuple[Any, int, int]]) -> tuple[int, ...]:
+        return tuple(count for _, _, count in (_whole_buffers(found, axes) if widens else found))
+
+    def later_counts(point: tuple[int, ...], found: list[tuple[Any, int, int]]) -> list[tuple[int, ...]]:
+        """The row counts of the reads at the points after ``point`` along its last dim,
+        with the buffers ``found`` has (a window's ring: the rows it holds now)."""
+        out: list[tuple[int, ...]] = []
+        for t in range(point[-1] + 1, bound):
+            later = (*point[:-1], t)
+            rows = [reads[k][1](*later)[-1] for k in blocks]
+            found_later = [(block, row.start, row.stop - row.start if row.step is None else row.step)
+                           for (block, _, _), row in zip(found, rows)]
+            out.append(counts(found_later))
+        return out
 
     def launch(point: tuple[int, ...]) -> None:
         slots = [store.row_slots(point) for store in targets]  # first: a ring may grow
@@ -644,13 +669,13 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
         for (k, _), (block, start, _) in zip(slicers, found):
             xs[k] = np.int32(start) if k in in_buffer else (block, np.int32(start))
         copies = tuple(len(rows) for _, rows in slots)
-        run = kernels.get(copies)
-        if run is None:
-            run = kernels[copies] = backend.block_kernel(
-                op, params, len(edges), slices,
-                tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies)), shared)
-        outs = run(tuple(rows for _, _, rows in found), *xs, *(b for b, _ in slots),
-                   *(np.int32(row) for _, rows in slots for row in rows))
+        run = programs.kernel(copies, lambda: backend.block_kernel(
+            op, params, len(edges), slices,
+            tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies)), shared))
+        args = (*xs, *(b for b, _ in slots), *(np.int32(row) for _, rows in slots for row in rows))
+        rows = tuple(count for _, _, count in found)
+        programs.ready(copies, rows, args, lambda: later_counts(point, found))
+        outs = run(rows, *args)
         if written:
             outs, buffers = outs
             for store, block in zip(targets, buffers):
@@ -662,6 +687,40 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     return launch
 
 
+class _Programs:
+    """A block launcher's jitted kernels (one per number of rows each write updates,
+    ``copies``: a ring's 2) and the row counts each has programs for, compiled or being
+    compiled in the background."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.kernels: dict[tuple[int, ...], Callable] = {}
+        self.compiled: set[tuple] = set()
+        self.compiling: dict[tuple, Any] = {}  # (copies, rows) -> the background compile
+
+    def kernel(self, copies: tuple[int, ...], make: Callable[[], Callable]) -> Callable:
+        run = self.kernels.get(copies)
+        if run is None:
+            run = self.kernels[copies] = make()
+        return run
+
+    def ready(self, copies: tuple[int, ...], rows: tuple[int, ...], args: tuple,
+              later: Callable[[], list[tuple[int, ...]]]) -> None:
+        """Before a launch with ``rows``: at the first one, start compiling the ``later``
+        row counts; wait for the background compile of ``rows`` if there is one (the call
+        compiles in the foreground otherwise, or raises what compiling raised)."""
+        key = (copies, rows)
+        if key in self.compiled:
+            return
+        if not self.compiled:
+            for later_rows in dict.fromkeys(later()):
+                if (copies, later_rows) != key:
+                    self.compiling[(copies, later_rows)] = self.backend.compile_later(
+                        self.kernels[copies], later_rows, args)
+        pending = self.compiling.pop(key, None)
+        if pending is not None:
+            pending.exception()  # waits
+        self.compiled.add(key)
 def _refs_of_a_stored_input() -> int:
     """``sys.getrefcount`` of an input that only its store and the launcher's argument
     list hold, as the donating launcher calls it (the count differs between Pythons)."""

@@ -613,9 +613,10 @@ class BlockStore:
 
     def block_slice(self, index: tuple) -> tuple[Any, int, int] | None:
         """The buffer, first row and row count of a slice read of ``index`` where it is one
-        run of a buffer's rows (a kernel may slice the buffer itself), else None."""
+        run of a buffer's rows (a kernel may slice the buffer itself; a padded read of no
+        points too: its rows are masked), else None."""
         prefix, last = index[:-1], index[-1]
-        if not isinstance(last, slice) or last.stop <= last.start or _empty(prefix) \
+        if not isinstance(last, slice) or (last.step is None and last.stop <= last.start) or _empty(prefix) \
                 or any(isinstance(i, slice) for i in prefix):
             return None
         block = self.blocks.get(prefix)

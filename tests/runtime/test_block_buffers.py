@@ -233,3 +233,25 @@ def test_long_reads_of_a_buffers_first_rows_read_the_whole_buffer(monkeypatch, f
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     # 64 and 80 rows of 96: the whole buffer
     assert rows_read == ({16, 32, 48, 96} if fused else {16, 32, 48, 64, 80, 96})
+
+
+def test_later_row_counts_compile_in_the_background(monkeypatch):
+    """At its first launch, a kernel with tiled reads starts compiling the row counts its
+    later points read, in the order they come (a decoder's next tiles compile while it
+    decodes); the values are the reference evaluator's."""
+    from tempo.runtime.backends import JaxBackend
+    later = []
+    original = JaxBackend.compile_later
+
+    def recording(self, kernel, static, args):
+        later.append(static)
+        return original(self, kernel, static, args)
+    monkeypatch.setattr(JaxBackend, "compile_later", recording)
+    ctx, bounds, s = _exp_attention(90, seed=3)
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    # t = 0 reads 16 rows (no points, padded), then 32, 48, and whole 96-row buffers
+    # from 64 rows on (more than WHOLE_BUFFER_SHARE of the buffer)
+    assert later == [(32,), (48,), (96,)]
