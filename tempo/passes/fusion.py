@@ -10,7 +10,8 @@ An island must not be left and re-entered (``a -> sum over t -> b`` with ``a`` a
 fused would make every point wait for itself), so islands grow only while the graph of
 islands stays acyclic; reads of strictly earlier points by placeholders (``h[t-1]``), and
 of a placeholder's strictly later points (``a[t+1]``), do not count as edges of that graph:
-they are the recurrences that fusion must keep.
+they are the recurrences that fusion must keep. An island may read its own earlier points
+(``h[t-1]``, or a slice that ends before the point, ``k[0:t]``, ``tempo.passes.newest``).
 """
 
 from __future__ import annotations

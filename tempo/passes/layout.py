@@ -70,7 +70,7 @@ def _moved_to(op: Op, k: int) -> int | None:
         return _first_axis_move(tuple(op.params["dims"]))
     if op.kind != "fused":
         return None
-    puts, uses = _row_readers(op.params["members"], k)
+    _, uses = _row_readers(op.params["members"], k)
     if not uses or any(m.kind != "permute" for m in uses):
         return None
     targets = {_first_axis_move(tuple(m.params["dims"])) for m in uses}

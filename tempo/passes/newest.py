@@ -13,14 +13,17 @@ kernel that reads the earlier rows from a device buffer writes ``k[t]`` into tha
 first and reads the row from there (``JaxBackend.block_kernel``): no copy of the rows.
 
 Only reads padded to tiles (``tempo.passes.tile``), whose rows past the points are
-masked or met by zeros anyway, of a device op by a device op over the same dims: those
-are the reads fusion can then take in.
+masked or met by zeros anyway, of a device op by a device op over the same dims and the
+same needed points, the only slice read of that value: those are the reads fusion can
+then take in (a ``put_row`` left outside the producer's kernel would copy the rows at
+every point).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tempo.analysis.needed import needed_by_op
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.types import TensorType
 from tempo.passes.contract import input_type
@@ -36,18 +39,22 @@ def split_newest_rows(graph: SDG, state: PassState) -> SDG:
     """``graph`` with each tiled read that ends at its reader's point (see the module
     doc) read as its earlier rows and the newest row; ``state.needed`` recomputed."""
     known = set(state.bounds)
+    needed = {k: points.reset_tuple_id() for k, points in needed_by_op(state.needed, graph.ops).items()}
+    consumers = graph.consumers()
     reads = [e for e in graph.edges() if _ends_at_reader(e)
              and fusable(e.src, graph.in_edges(e.src), state.bounds)
              and fusable(e.sink, graph.in_edges(e.sink), state.bounds)
-             and all(d.symbols() <= known for d in e.src.outputs[e.src_out].shape)]
+             and all(d.symbols() <= known for d in e.src.outputs[e.src_out].shape)
+             and _only_slice_read(e, consumers[e.src.id])
+             and e.src.id in needed and e.sink.id in needed and needed[e.src.id].is_equal(needed[e.sink.id])]
     if not reads:
         return graph
     split = {(e.sink.id, e.sink_in) for e in reads}
     out = SDG()
     for op in graph.ops.values():
         out.add_op(op)
-    counts = {(op.params["expr"], op.domain): op for op in graph.ops.values()
-              if op.kind == "eval_symbol" and op.params["dtype"] == "int32"}
+    counts = {(op.params["expr"], op.domain): op for op in graph.ops.values()  # the tile pass's
+              if op.kind == "eval_symbol" and op.params["dtype"] == "int32" and op.params.get("in_run")}
     for op in graph.ops.values():
         for edge in graph.in_edges(op):
             if (op.id, edge.sink_in) in split:
@@ -69,6 +76,13 @@ def _ends_at_reader(edge: Edge) -> bool:
         return False
     form = linear_form(edge.phi[-1].stop - domain[-1])
     return form is not None and not form[0] and form[1] == 1
+
+
+def _only_slice_read(edge: Edge, readers: list[Edge]) -> bool:
+    """Whether ``edge`` is the only read of its source's value through a slice: fusion can
+    put the source in one island only, and a ``put_row`` outside it would cost a copy of
+    the rows at every point."""
+    return all(e is edge or not e.slices for e in readers if e.src_out == edge.src_out)
 
 
 def _read_through_put_row(out: SDG, edge: Edge, counts: dict[tuple[Expr, tuple[Symbol, ...]], Op],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Callable, Collection
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -119,6 +120,8 @@ class Executable:
         """Per lowerable loop: its statements, the timings and the form the runs chose
         (``tempo.runtime.lowering``)."""
         self._launchers: dict[str, LoopLauncher] = {}
+        self._programs: dict[int, _Programs] = {}
+        """Per op with a block launcher, its compiled programs, kept across runs."""
         """Each lowerable loop's launcher, made at the first run and kept across runs (its
         compiled scans, plan templates and timings with it)."""
         self.source = _program_source(root, [*schedule.statements, *self._lowered])
@@ -141,7 +144,7 @@ class Executable:
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats,
                               self.swapped, self.windows)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
-                                     self.backend, shift, self.ctx.bound_of)
+                                     self.backend, shift, self.ctx.bound_of, self._programs)
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
         batched = _batched_point_ops(self.schedule, stores, self.bounds, shift) if self._lowered else {}
@@ -162,6 +165,8 @@ class Executable:
         finally:  # the launchers outlive the run, its stored values must not
             for launch in self._launchers.values():
                 launch.bind({}, {}, {})
+            for programs in self._programs.values():  # (a run that stopped early)
+                programs.cancel_waiting()
         return Results({rt.key: self._gather(rt, stores, stopped) for rt in self.outputs}, stopped)
 
     def execution_order(self) -> list[tuple[str, Op, tuple[int, ...]]]:
@@ -253,14 +258,14 @@ def _checked_origin(ctx: ProgramDims, origin: dict[Symbol, int]) -> dict[Symbol,
 
 def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[Symbol, int],
                      backend: Backend, shift: dict[Symbol, int],
-                     bound_of: dict[Symbol, Symbol]) -> dict[str, Callable]:
+                     bound_of: dict[Symbol, Symbol], programs: dict[int, _Programs]) -> dict[str, Callable]:
     table: dict[str, Callable] = {}
     for name, stmt in schedule.statements.items():
         op = stmt.op
         if stmt.kind == "exec":
             extent = bounds[bound_of[op.domain[-1]]] if op.domain else 0
             table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend, shift,
-                                        schedule.last_reads, extent)
+                                        schedule.last_reads, extent, programs)
         else:
             table[name] = _free(op, stmt.freed, stores)
     return table
@@ -390,11 +395,13 @@ def _rows_axis(op: Op, readers: list[Edge]) -> int:
 # ---- launchers ---------------------------------------------------------------------------
 def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
                   backend: Backend, shift: dict[Symbol, int] | None = None,
-                  last_reads: dict[Edge, Expr] | None = None, extent: int = 0) -> Launcher:
+                  last_reads: dict[Edge, Expr] | None = None, extent: int = 0,
+                  programs: dict[int, _Programs] | None = None) -> Launcher:
     """The function that executes ``op`` at a point (host ops see coordinates and bounds
     moved by ``shift``, see ``Executable.run``'s origin; device kernels donate the inputs
     they read last, where ``last_reads`` says so, see ``tempo.schedule.memory``).
-    ``extent``: the points of ``op``'s innermost dim (0: not known)."""
+    ``extent``: the points of ``op``'s innermost dim (0: not known); ``programs``: per op,
+    the programs a block launcher compiled, kept across runs (``_Programs``)."""
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     static_shapes = not op.definition.host and has_static_shapes(op, edges, set(bounds), tiled=True)
@@ -406,7 +413,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.definition.host:
         return _host_launcher(op, reads, writes, bounds, backend, shift or {})
     return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores,
-                            static_shapes, extent)
+                            static_shapes, extent, {} if programs is None else programs)
 
 
 def _reader(store: Any, edge: Edge, host: bool, backend: Backend) -> Callable[[tuple], Any]:
@@ -494,7 +501,8 @@ def _batched_point_ops(schedule: Schedule, stores: dict, bounds: dict[Symbol, in
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
                      bounds: dict[Symbol, int], backend: Backend, last_reads: dict[Edge, Expr],
-                     stores: dict, static_shapes: bool, extent: int = 0) -> Launcher:
+                     stores: dict, static_shapes: bool, extent: int = 0,
+                     programs: dict[int, _Programs] | None = None) -> Launcher:
     multi = op.definition.multi_output
     symbolic = bool(param_symbols(op.params) & set(op.domain))  # params vary with the point
     static_params = None if symbolic else resolve_params(op.params, bounds)
@@ -505,8 +513,9 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
         widens = _widens_prefix_reads(op, edges, blocks, stores, set(bounds))
         tiled = any(edges[k].tiled for k in blocks)  # row counts that change along the dim
+        kept = _Programs(backend) if programs is None else programs.setdefault(op.id, _Programs(backend))
         return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
-                               stores, widens, extent if tiled else 0)
+                               stores, kept, widens, extent if tiled else 0)
     donors = [(k, compile_function([last_reads[e]], domain, bounds), _source_store(e, stores))
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
     if donors and static_params is not None and static_shapes:
@@ -612,20 +621,21 @@ def _whole_buffers(found: list[tuple[Any, int, int]], axes: list[int],
 
 def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable], params: dict,
                     backend: Backend, kernel: Callable, blocks: list[int], written: list[int],
-                    stores: dict, widens: bool = False, bound: int = 0) -> Launcher:
+                    stores: dict, programs: _Programs, widens: bool = False, bound: int = 0) -> Launcher:
     """A device launcher whose kernel (``JaxBackend.block_kernel``) slices the device
     buffers its inputs ``blocks`` read and writes its outputs ``written`` into their
     stores' device buffers itself (a read of a buffer it writes is of the rows its
     ``put_row`` members complete, ``_written_by_kernel``). Where a read is not one run of
-    a buffer's rows (a buffer not made yet), the plain kernel runs on the reads' values and
-    writes through the stores. Its other inputs are not donated. ``widens``: long reads of
-    the buffers' first rows read the whole buffers (``_whole_buffers``).
+    a buffer's rows (an empty unpadded slice, a buffer not made yet), the plain kernel runs
+    on the reads' values and writes through the stores. Its other inputs are not donated.
+    ``widens``: long reads of the buffers' first rows read the whole buffers
+    (``_whole_buffers``).
 
     The kernel is compiled for each count of rows the reads take (a tiled read's few
     lengths). At the first launch the counts of the later points along the innermost dim
-    (up to ``bound``) are compiled in the background, in the order they come
-    (``_Programs``): a decoder's first generation compiles its next tiles while it
-    decodes."""
+    (up to ``bound``) start compiling on a background thread, in the order they come
+    (``_Programs``, ``JaxBackend.compile_later``): a decoder's first generation compiles
+    its next tiles while it decodes."""
     multi = op.definition.multi_output
     sources = [_source_store(edges[k], stores) for k in blocks]
     axes = [store.rows_axis for store in sources]
@@ -633,7 +643,6 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     shared = tuple((k, next(j for j, t in enumerate(targets) if t is store))
                    for k, store in zip(blocks, sources) if any(t is store for t in targets))
     slices = tuple(zip(blocks, axes))
-    programs = _Programs(backend)
     slicers = [(k, store.block_slice) for k, store in zip(blocks, sources)]
     in_buffer = {k for k, _ in shared}
     others = [(write, k) for k, write in enumerate(writes) if k not in written]
@@ -690,13 +699,13 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
 class _Programs:
     """A block launcher's jitted kernels (one per number of rows each write updates,
     ``copies``: a ring's 2) and the row counts each has programs for, compiled or being
-    compiled in the background."""
+    compiled in the background; kept across runs (``Executable``)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
         self.kernels: dict[tuple[int, ...], Callable] = {}
         self.compiled: set[tuple] = set()
-        self.compiling: dict[tuple, Any] = {}  # (copies, rows) -> the background compile
+        self.compiling: dict[tuple, Future] = {}  # (copies, rows) -> the background compile
 
     def kernel(self, copies: tuple[int, ...], make: Callable[[], Callable]) -> Callable:
         run = self.kernels.get(copies)
@@ -707,20 +716,29 @@ class _Programs:
     def ready(self, copies: tuple[int, ...], rows: tuple[int, ...], args: tuple,
               later: Callable[[], list[tuple[int, ...]]]) -> None:
         """Before a launch with ``rows``: at the first one, start compiling the ``later``
-        row counts; wait for the background compile of ``rows`` if there is one (the call
-        compiles in the foreground otherwise, or raises what compiling raised)."""
+        row counts in the background; where ``rows`` is being compiled there, wait for it
+        (where it has not started, or failed, the call compiles in the foreground)."""
         key = (copies, rows)
         if key in self.compiled:
             return
-        if not self.compiled:
+        if not self.compiled and not self.compiling:
             for later_rows in dict.fromkeys(later()):
                 if (copies, later_rows) != key:
                     self.compiling[(copies, later_rows)] = self.backend.compile_later(
                         self.kernels[copies], later_rows, args)
         pending = self.compiling.pop(key, None)
-        if pending is not None:
+        if pending is not None and not pending.cancel():
             pending.exception()  # waits
         self.compiled.add(key)
+
+    def cancel_waiting(self) -> None:
+        """Drop the background compiles that have not started (a run that stopped early
+        leaves them; a later run compiles them where it needs them)."""
+        for key, pending in list(self.compiling.items()):
+            if pending.cancel():
+                del self.compiling[key]
+
+
 def _refs_of_a_stored_input() -> int:
     """``sys.getrefcount`` of an input that only its store and the launcher's argument
     list hold, as the donating launcher calls it (the count differs between Pythons)."""

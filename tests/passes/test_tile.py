@@ -116,6 +116,17 @@ def test_a_padded_read_delivers_its_points_then_padding(kind):
     assert np.isfinite(got).all()
 
 
+def test_a_padded_read_of_no_points_is_a_slice_of_the_buffer():
+    """``x[0:0]`` padded to 4 rows (the first point's read of its earlier rows) is the
+    buffer's first 4 rows, which a kernel may slice itself (all masked); an empty slice
+    without padding delivers nothing, and is not."""
+    store = _stores()["block"]
+    store.write((0,), np.ones(2, np.float32))
+    block, start, rows = store.block_slice((slice(0, 0, 4),))
+    assert block is store.blocks[()] and (start, rows) == (0, 4)
+    assert store.block_slice((slice(0, 0),)) is None
+
+
 def test_mask_rows_keeps_the_first_rows_of_its_axis():
     import jax.numpy as jnp
 

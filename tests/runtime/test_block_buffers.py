@@ -240,18 +240,23 @@ def test_later_row_counts_compile_in_the_background(monkeypatch):
     later points read, in the order they come (a decoder's next tiles compile while it
     decodes); the values are the reference evaluator's."""
     from tempo.runtime.backends import JaxBackend
-    later = []
+    later, kernels = [], set()
     original = JaxBackend.compile_later
 
     def recording(self, kernel, static, args):
         later.append(static)
+        kernels.add(kernel)
         return original(self, kernel, static, args)
     monkeypatch.setattr(JaxBackend, "compile_later", recording)
     ctx, bounds, s = _exp_attention(90, seed=3)
     with ctx:
         exe = ctx.compile(bounds, [s], backend="jax", tile=16)
         got = exe.run()[s]
+        again = exe.run()[s]  # the programs kept: nothing compiles again
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(again, got)
     # t = 0 reads 16 rows (no points, padded), then 32, 48, and whole 96-row buffers
     # from 64 rows on (more than WHOLE_BUFFER_SHARE of the buffer)
     assert later == [(32,), (48,), (96,)]
+    (kernel,) = kernels
+    assert kernel._cache_size() == 4  # one program per count read
