@@ -120,10 +120,10 @@ class Executable:
         """Per lowerable loop: its statements, the timings and the form the runs chose
         (``tempo.runtime.lowering``)."""
         self._launchers: dict[str, LoopLauncher] = {}
-        self._programs: dict[int, _Programs] = {}
-        """Per op with a block launcher, its compiled programs, kept across runs."""
         """Each lowerable loop's launcher, made at the first run and kept across runs (its
         compiled scans, plan templates and timings with it)."""
+        self._programs: dict[int, _Programs] = {}
+        """Per op with a block launcher, its compiled programs, kept across runs."""
         self.source = _program_source(root, [*schedule.statements, *self._lowered])
         self._program = _compile_source(self.source) if self._lowered else self._interpreted
 
