@@ -9,7 +9,7 @@ from typing import Any
 from tempo.errors import SourceSite
 from tempo.ir.ops import OpDef, op_def
 from tempo.ir.types import TensorType
-from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol
+from tempo.symbolic.expr import TRUE, Expr, IndexEntry, Slice, Symbol, linear_form
 
 
 @dataclass(eq=False)
@@ -68,6 +68,19 @@ class Edge:
         (``tempo.passes.tile``)."""
         last = self.phi[-1] if self.phi else None
         return isinstance(last, Slice) and last.pad is not None
+
+    @property
+    def stop_offset(self) -> int | None:
+        """``c`` where the sink at ``(p..., t)`` reads the source's ``[p..., s:t+c]``: the
+        same dims, one slice of the innermost ending a constant ``c`` after the point,
+        unconditionally; else None."""
+        domain = self.sink.domain
+        if self.cond is not TRUE or self.src.domain != domain or not domain \
+                or self.slices != (len(domain) - 1,) \
+                or any(entry is not dim for entry, dim in zip(self.phi[:-1], domain)):
+            return None
+        form = linear_form(self.phi[-1].stop - domain[-1])
+        return form[1] if form is not None and not form[0] else None
 
     @property
     def slices(self) -> tuple[int, ...]:

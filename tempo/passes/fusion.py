@@ -133,14 +133,8 @@ def _shift(edge: Edge) -> int:
 def _strictly_earlier(edge: Edge) -> bool:
     """The sink at ``p`` reads source points before ``p`` only: one (``h[t-1]``), or a
     slice of the innermost dim that ends before it (``k[0:t]``) at ``p``'s other dims."""
-    if _shift(edge) < 0:
-        return True
-    domain = edge.sink.domain
-    if edge.cond is not TRUE or edge.src.domain != domain or edge.slices != (len(domain) - 1,) \
-            or any(entry is not dim for entry, dim in zip(edge.phi[:-1], domain)):
-        return False
-    form = linear_form(edge.phi[-1].stop - domain[-1])
-    return form is not None and not form[0] and form[1] <= 0
+    offset = edge.stop_offset
+    return _shift(edge) < 0 or (offset is not None and offset <= 0)
 
 
 FOLDED_CONSTANT_BYTES = 1 << 16

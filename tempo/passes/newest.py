@@ -29,7 +29,7 @@ from tempo.ir.types import TensorType
 from tempo.passes.contract import input_type
 from tempo.passes.fusion import fusable
 from tempo.passes.rewrite import recomputed_needed
-from tempo.symbolic.expr import TRUE, Expr, Slice, Symbol, linear_form
+from tempo.symbolic.expr import Expr, Slice, Symbol
 
 if TYPE_CHECKING:
     from tempo.passes import PassState
@@ -68,14 +68,7 @@ def split_newest_rows(graph: SDG, state: PassState) -> SDG:
 
 def _ends_at_reader(edge: Edge) -> bool:
     """A read of ``src[p..., s:t+1]`` (padded) by a reader at ``p..., t`` over the same dims."""
-    domain = edge.sink.domain
-    if not edge.tiled or edge.slices != (len(edge.phi) - 1,) or edge.rows_at or edge.cond is not TRUE \
-            or edge.src.domain != domain or not domain:
-        return False
-    if any(entry is not dim for entry, dim in zip(edge.phi[:-1], domain)):
-        return False
-    form = linear_form(edge.phi[-1].stop - domain[-1])
-    return form is not None and not form[0] and form[1] == 1
+    return edge.tiled and not edge.rows_at and edge.stop_offset == 1
 
 
 def _only_slice_read(edge: Edge, readers: list[Edge]) -> bool:

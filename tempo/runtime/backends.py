@@ -269,8 +269,7 @@ class JaxBackend:
                         xs[position] = _RowsToPut(buffers[in_buffer[position]], xs[position], count)
                         continue
                     block, start = xs[position]
-                    xs[position] = block if count == block.shape[axis] else \
-                        jax.lax.dynamic_slice_in_dim(block, start, count, axis)
+                    xs[position] = _first_rows(jax.lax, block, start, count, axis)
                 outs = fn(xp, params, *xs)
                 if not writes:
                     return outs
@@ -478,10 +477,13 @@ class _RowsToPut:
 
     def put_row(self, row: Any) -> Any:
         block = self.buffer.written(row, read_after=True)
-        axis = self.buffer.axis
-        if self.count == block.shape[axis]:
-            return block
-        return self.buffer.lax.dynamic_slice_in_dim(block, self.start, self.count, axis)
+        return _first_rows(self.buffer.lax, block, self.start, self.count, self.buffer.axis)
+
+
+def _first_rows(lax: Any, block: Any, start: Any, count: int, axis: int) -> Any:
+    """``count`` rows of ``block`` from ``start`` along ``axis``: the block itself where
+    that is all of it (no slice, which XLA's CPU code would copy)."""
+    return block if count == block.shape[axis] else lax.dynamic_slice_in_dim(block, start, count, axis)
 
 
 _JIT_CACHE: dict[tuple, Callable] = {}

@@ -647,8 +647,12 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     in_buffer = {k for k, _ in shared}
     others = [(write, k) for k, write in enumerate(writes) if k not in written]
 
-    def counts(found: list[tuple[Any, int, int]]) -> tuple[int, ...]:
-        return tuple(count for _, _, count in (_whole_buffers(found, axes) if widens else found))
+    def widened(found: list[tuple[Any, int, int]]) -> list[tuple[Any, int, int]]:
+        return _whole_buffers(found, axes) if widens else found
+
+    def make_kernel(copies: tuple[int, ...]) -> Callable:
+        writes = tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies))
+        return backend.block_kernel(op, params, len(edges), slices, writes, shared)
 
     def later_counts(point: tuple[int, ...], found: list[tuple[Any, int, int]]) -> list[tuple[int, ...]]:
         """The row counts of the reads at the points after ``point`` along its last dim,
@@ -659,7 +663,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             rows = [reads[k][1](*later)[-1] for k in blocks]
             found_later = [(block, row.start, row.stop - row.start if row.step is None else row.step)
                            for (block, _, _), row in zip(found, rows)]
-            out.append(counts(found_later))
+            out.append(tuple(count for _, _, count in widened(found_later)))
         return out
 
     def launch(point: tuple[int, ...]) -> None:
@@ -671,19 +675,17 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             for write, value in zip(writes, outs if multi else (outs,)):
                 write(point, value)
             return
-        if widens:
-            found = _whole_buffers(found, axes)
+        found = widened(found)
         xs: list[Any] = [None if k in blocks else read(index)
                          for k, ((read, _), index) in enumerate(zip(reads, indices))]
         for (k, _), (block, start, _) in zip(slicers, found):
             xs[k] = np.int32(start) if k in in_buffer else (block, np.int32(start))
         copies = tuple(len(rows) for _, rows in slots)
-        run = programs.kernel(copies, lambda: backend.block_kernel(
-            op, params, len(edges), slices,
-            tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies)), shared))
+        run = programs.kernel(copies, make_kernel)
         args = (*xs, *(b for b, _ in slots), *(np.int32(row) for _, rows in slots for row in rows))
         rows = tuple(count for _, _, count in found)
-        programs.ready(copies, rows, args, lambda: later_counts(point, found))
+        if (copies, rows) not in programs.compiled:
+            programs.ready(copies, rows, args, later_counts(point, found) if programs.first else [])
         outs = run(rows, *args)
         if written:
             outs, buffers = outs
@@ -707,22 +709,26 @@ class _Programs:
         self.compiled: set[tuple] = set()
         self.compiling: dict[tuple, Future] = {}  # (copies, rows) -> the background compile
 
-    def kernel(self, copies: tuple[int, ...], make: Callable[[], Callable]) -> Callable:
+    def kernel(self, copies: tuple[int, ...], make: Callable[[tuple[int, ...]], Callable]) -> Callable:
         run = self.kernels.get(copies)
         if run is None:
-            run = self.kernels[copies] = make()
+            run = self.kernels[copies] = make(copies)
         return run
 
+    @property
+    def first(self) -> bool:
+        """Whether no launch has been readied yet (nothing compiled or compiling)."""
+        return not self.compiled and not self.compiling
+
     def ready(self, copies: tuple[int, ...], rows: tuple[int, ...], args: tuple,
-              later: Callable[[], list[tuple[int, ...]]]) -> None:
-        """Before a launch with ``rows``: at the first one, start compiling the ``later``
-        row counts in the background; where ``rows`` is being compiled there, wait for it
-        (where it has not started, or failed, the call compiles in the foreground)."""
+              later: list[tuple[int, ...]]) -> None:
+        """Before the first launch with ``rows``: at the very first, start compiling the
+        ``later`` row counts in the background; where ``rows`` is being compiled there,
+        wait for it (where it has not started, or failed, the call compiles in the
+        foreground)."""
         key = (copies, rows)
-        if key in self.compiled:
-            return
-        if not self.compiled and not self.compiling:
-            for later_rows in dict.fromkeys(later()):
+        if self.first:
+            for later_rows in dict.fromkeys(later):
                 if (copies, later_rows) != key:
                     self.compiling[(copies, later_rows)] = self.backend.compile_later(
                         self.kernels[copies], later_rows, args)
