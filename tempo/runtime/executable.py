@@ -631,6 +631,14 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     ``widens``: long reads of the buffers' first rows read the whole buffers
     (``_whole_buffers``).
 
+    A kernel whose block reads are all tiled reads of windows' rings reads the whole rings,
+    their rows in ring order rather than in the points' (no slice: a window decoder's
+    attention reads its keys and values as they lie). The order does not matter to such a
+    kernel: the tile pass lets a padded axis flow only through elementwise ops between
+    values of the same reads, permutes, matmuls and reductions, and masks the rows past a
+    read's points, so one permutation of every read's rows that keeps the masked rows
+    masked changes the values only by the order of floating-point sums.
+
     The kernel is compiled for each count of rows the reads take (a tiled read's few
     lengths). At the first launch the counts of the later points along the innermost dim
     (up to ``bound``) start compiling on a background thread, in the order they come
@@ -646,36 +654,45 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     slicers = [(k, store.block_slice) for k, store in zip(blocks, sources)]
     in_buffer = {k for k, _ in shared}
     others = [(write, k) for k, write in enumerate(writes) if k not in written]
+    rings = [(k, store.ring_slice) for k, store in zip(blocks, sources)] \
+        if all(isinstance(store, WindowStore) and edges[k].tiled for k, store in zip(blocks, sources)) else []
 
-    def widened(found: list[tuple[Any, int, int]]) -> list[tuple[Any, int, int]]:
-        return _whole_buffers(found, axes) if widens else found
+    def located(indices: list[tuple]) -> list[tuple[Any, int, int] | None]:
+        """Each block read's buffer, first row and rows (None: not one run of a buffer's
+        rows): whole rings, in ring order, where every read is a tiled read of a ring that
+        allows it (``WindowStore.ring_slice``) and all start at the same point; else runs
+        of rows in the points' order (widened where ``widens``)."""
+        if rings and len({indices[k][-1].start for k in blocks}) == 1:
+            whole = [ring(indices[k], k in in_buffer) for k, ring in rings]
+            if all(w is not None for w in whole) and len({rows for _, _, rows in whole}) == 1:
+                return whole
+        found = [slicer(indices[k]) for k, slicer in slicers]
+        return found if any(f is None for f in found) or not widens else _whole_buffers(found, axes)
 
     def make_kernel(copies: tuple[int, ...]) -> Callable:
         writes = tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies))
         return backend.block_kernel(op, params, len(edges), slices, writes, shared)
 
-    def later_counts(point: tuple[int, ...], found: list[tuple[Any, int, int]]) -> list[tuple[int, ...]]:
+    def later_counts(point: tuple[int, ...]) -> list[tuple[int, ...]]:
         """The row counts of the reads at the points after ``point`` along its last dim,
-        with the buffers ``found`` has (a window's ring: the rows it holds now)."""
+        with the buffers as they are now (a window's ring: the rows it holds now)."""
         out: list[tuple[int, ...]] = []
         for t in range(point[-1] + 1, bound):
-            later = (*point[:-1], t)
-            rows = [reads[k][1](*later)[-1] for k in blocks]
-            found_later = [(block, row.start, row.stop - row.start if row.step is None else row.step)
-                           for (block, _, _), row in zip(found, rows)]
-            out.append(tuple(count for _, _, count in widened(found_later)))
+            indices = [phi(*point[:-1], t) for _, phi in reads]
+            later = located(indices)
+            if all(f is not None for f in later):
+                out.append(tuple(count for _, _, count in later))
         return out
 
     def launch(point: tuple[int, ...]) -> None:
         slots = [store.row_slots(point) for store in targets]  # first: a ring may grow
         indices = [phi(*point) for _, phi in reads]
-        found = [slicer(indices[k]) for k, slicer in slicers]
+        found = located(indices)
         if any(f is None for f in found):
             outs = kernel(params, *(read(index) for (read, _), index in zip(reads, indices)))
             for write, value in zip(writes, outs if multi else (outs,)):
                 write(point, value)
             return
-        found = widened(found)
         xs: list[Any] = [None if k in blocks else read(index)
                          for k, ((read, _), index) in enumerate(zip(reads, indices))]
         for (k, _), (block, start, _) in zip(slicers, found):
@@ -685,7 +702,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
         args = (*xs, *(b for b, _ in slots), *(np.int32(row) for _, rows in slots for row in rows))
         rows = tuple(count for _, _, count in found)
         if (copies, rows) not in programs.compiled:
-            programs.ready(copies, rows, args, later_counts(point, found) if programs.first else [])
+            programs.ready(copies, rows, args, later_counts(point) if programs.first else [])
         outs = run(rows, *args)
         if written:
             outs, buffers = outs

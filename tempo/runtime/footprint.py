@@ -68,7 +68,7 @@ class Prediction:
 def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, point: tuple) -> None:
     """A write or free of ``point`` in a block store: a buffer per prefix, allocated at its
     first write, released once every row was written and freed (as ``BlockStore`` does).
-    A ``WindowStore``'s buffer is its ring (``2C`` rows), doubled when more points than
+    A ``WindowStore``'s buffer is its ring (``C`` rows), doubled when more points than
     ``C`` are held at once."""
     prefix, row = point[:-1], point[-1]
     ring = isinstance(store, WindowStore)
@@ -93,8 +93,7 @@ def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, poi
 
 
 def _buffer_bytes(store: BlockStore, capacity: int) -> int:
-    rows = store.buffer_rows(capacity) if isinstance(store, WindowStore) else capacity
-    return rows * _row_bytes(store)
+    return capacity * _row_bytes(store)
 
 
 def _row_bytes(store: BlockStore) -> int:

@@ -696,13 +696,14 @@ class WindowStore(BlockStore):
     per prefix point instead of a buffer of the whole dim, so its memory does not grow with
     the dim's bound.
 
-    Each row is written twice, at ``k % C`` and ``k % C + C`` of a ``2C``-row buffer, so
-    any run of up to ``C`` consecutive points is one contiguous slice: a window is read as
-    one contiguous copy, never gathered row by row. (Reads are copies because a ring's rows
-    are overwritten: a reader that keeps what it read, such as a placeholder holding its
-    branch's value, must not see it change.) A row is overwritten only once its point was
-    freed; were the schedule to keep more than ``C`` points alive, the ring doubles (the
-    rows are rewritten) instead of losing one."""
+    Point ``k`` is row ``k % C`` of a ``C``-row buffer, written once. A read of points in
+    their order is a slice of the ring where they do not wrap around its end, and a gather
+    of its rows where they do (a copy either way: a ring's rows are overwritten, and a
+    reader that keeps what it read, such as a placeholder holding its branch's value, must
+    not see it change). A kernel whose reads are all tiled reads of rings reads the whole
+    ring instead, its rows in ring order (``ring_slice``). A row is overwritten only once
+    its point was freed; were the schedule to keep more than ``C`` points alive, the ring
+    doubles (the rows are rewritten) instead of losing one."""
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
                  capacity: int, view: Callable[[np.ndarray], Any] = lambda rows: rows,
@@ -725,16 +726,10 @@ class WindowStore(BlockStore):
             self.live[prefix], self.produced[prefix] = set(), set()
         return block
 
-    def buffer_rows(self, capacity: int) -> int:
-        """The rows of a ring of ``capacity`` slots: each point twice, or one row per point
-        when it spans the whole dim."""
-        return capacity if capacity >= self.length else 2 * capacity
-
     def _allocate(self, prefix: tuple[int, ...], capacity: int) -> Any:
         """An empty ring of ``capacity`` slots for ``prefix``."""
         self.capacity[prefix], self.written[prefix] = capacity, {}
-        rows = self.buffer_rows(capacity)
-        block = self.blocks[prefix] = self.buffers.allocate((rows, *self.shape), self.dtype)
+        block = self.blocks[prefix] = self.buffers.allocate((capacity, *self.shape), self.dtype)
         self.bytes.add(block.nbytes)
         return block
 
@@ -746,8 +741,8 @@ class WindowStore(BlockStore):
         self.written[prefix][slots[0]] = k
 
     def row_slots(self, point: tuple[int, ...]) -> tuple[Any, tuple[int, ...]]:
-        """The ring (made, or grown where the slot's point is still needed) and the rows
-        that hold point ``point``: its slot, and the slot's copy ``capacity`` rows on."""
+        """The ring (made, or grown where the slot's point is still needed) and the row
+        that holds point ``point``: its slot."""
         prefix, k = point[:-1], point[-1]
         self._block(prefix)
         while True:
@@ -756,8 +751,7 @@ class WindowStore(BlockStore):
             if held is None or held == k or held not in self.live[prefix]:
                 break
             self._grow(prefix)  # the slot's point is still needed
-        capacity = self.capacity[prefix]
-        return self.blocks[prefix], (slot, slot + capacity) if capacity < self.length else (slot,)
+        return self.blocks[prefix], (slot,)
 
     def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
         prefix, k = point[:-1], point[-1]
@@ -781,7 +775,31 @@ class WindowStore(BlockStore):
         # to JAX as a device array (``view_of_host``) cost 80 us a read, more than the copy
         # a jitted kernel makes of a NumPy argument (window decoding, 1024 tokens: ~780 -> ~1000
         # tokens/s).
+        capacity = self.capacity[prefix]
+        if isinstance(last, slice):
+            start = last.start % capacity
+            rows = last.stop - last.start if last.step is None else last.step
+            if start + rows > capacity:  # wraps around the ring's end
+                slots = (start + np.arange(rows)) % capacity
+                return self.buffers.gather(self.blocks[prefix], slots)
         return self.buffers.copy(super()._rows(prefix, last))
+
+    def ring_slice(self, index: tuple, put: bool = False) -> tuple[Any, int, int] | None:
+        """The whole ring, for a padded read of ``index`` (``tempo.passes.tile``) as long
+        as the ring, to be read in ring order: where the read's points (and the row a
+        ``put_row`` places after them, ``put``) fill the ring, or lie from its first row
+        on, the rows the read's mask keeps (its first points, ``mask_rows``) are the
+        rows that hold its points; else None. Only a kernel whose values do not depend on
+        the order of the rows may read it so (see ``tempo.runtime.executable``)."""
+        prefix, last = index[:-1], index[-1]
+        if not isinstance(last, slice) or last.step is None or _empty(prefix) \
+                or any(isinstance(i, slice) for i in prefix):
+            return None
+        block, capacity = self.blocks.get(prefix), self.capacity.get(prefix)
+        if block is None or last.step != capacity:
+            return None
+        points = max(0, last.stop - last.start) + put
+        return (block, 0, capacity) if points == capacity or last.start % capacity == 0 else None
 
     def _release_if_done(self, prefix: tuple[int, ...]) -> None:
         super()._release_if_done(prefix)
