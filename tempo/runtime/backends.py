@@ -284,8 +284,8 @@ class JaxBackend:
         ``args``, on a background thread; once the future is done, calling
         ``kernel(static, *args)`` runs without compiling (XLA's compiler releases the GIL,
         so the caller's thread goes on meanwhile)."""
-        specs = self.jax.tree_util.tree_map(
-            lambda a: self.jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+        specs = self.jax.tree_util.tree_map(  # (``BufferShape``s are shapes already)
+            lambda a: self.jax.ShapeDtypeStruct(getattr(a, "shape", None) or np.shape(a), a.dtype), args)
         return _compiler_thread().submit(lambda: kernel.lower(static, *specs).compile())
 
     def donatable(self, value: Any) -> bool:

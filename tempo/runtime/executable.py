@@ -39,7 +39,7 @@ from tempo.runtime.stores import (
 from tempo.schedule import ast
 from tempo.schedule.memory import point_bytes, swapped_ops, window_widths
 from tempo.schedule.scheduler import Schedule, Statement
-from tempo.symbolic.expr import FALSE, Expr, Slice, Symbol, compile_function
+from tempo.symbolic.expr import FALSE, Expr, Slice, Symbol, compile_function, const
 
 Launcher = Callable[[tuple[int, ...]], None]
 
@@ -330,6 +330,24 @@ def _padded_end(readers: list[Edge], bounds: dict[Symbol, int], bound_of: dict[S
     return end
 
 
+def _growth_step(readers: list[Edge], bounds: dict[Symbol, int]) -> int | None:
+    """The rows by which a device buffer grows (``BlockStore.step``) where every slice
+    reader reads its first rows, padded to tiles of the same size (a causal attention's
+    ``k[0:t+1]``, ``tempo.passes.tile``): the fewest rows a read has, other than none, at
+    the readers' first points. None otherwise."""
+    steps = set()
+    for edge in readers:
+        entry = edge.phi[-1]
+        if not isinstance(entry, Slice):
+            continue
+        if not edge.tiled or entry.start.substitute(bounds) is not const(0):
+            return None
+        pad, inner = entry.pad.substitute(bounds), edge.sink.domain[-1]
+        firsts = (int(pad.evaluate({**{d: 0 for d in edge.sink.domain}, inner: k})) for k in range(3))
+        steps.add(min((rows for rows in firsts if rows > 0), default=0))
+    return steps.pop() if len(steps) == 1 and min(steps) > 0 else None
+
+
 CPU_DEVICE_BUFFER_BYTES = 32 << 20
 """On a CPU, the largest block-store buffer kept as a device array (measured up to 16 MiB;
 larger ones stay host buffers until measured). A kernel reads a device buffer's rows
@@ -372,7 +390,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         buffers = DeviceBuffers(backend, axis) if device else HostBuffers(backend.view_of_host, axis)
         if window is not None:
             return WindowStore(stats, length, shape, t.dtype, window, buffers=buffers)
-        return BlockStore(stats, length, shape, t.dtype, rows=rows, buffers=buffers)
+        step = _growth_step(readers, bounds) if device else None
+        return BlockStore(stats, length, shape, t.dtype, rows=rows, buffers=buffers, step=step)
 
     def empty(sizes: tuple[int, ...]) -> Any:
         if shape is None:
@@ -657,31 +676,45 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     rings = [(k, store.ring_slice) for k, store in zip(blocks, sources)] \
         if all(isinstance(store, WindowStore) and edges[k].tiled for k, store in zip(blocks, sources)) else []
 
-    def located(indices: list[tuple]) -> list[tuple[Any, int, int] | None]:
+    def located(indices: list[tuple], ahead: bool = False) -> list[tuple[Any, int, int] | None]:
         """Each block read's buffer, first row and rows (None: not one run of a buffer's
         rows): whole rings, in ring order, where every read is a tiled read of a ring that
         allows it (``WindowStore.ring_slice``) and all start at the same point; else runs
-        of rows in the points' order (widened where ``widens``)."""
+        of rows in the points' order (widened where ``widens``). ``ahead``: of a later
+        point, with the buffers' shapes as they will be then."""
         if rings and len({indices[k][-1].start for k in blocks}) == 1:
             whole = [ring(indices[k], k in in_buffer) for k, ring in rings]
             if all(w is not None for w in whole) and len({rows for _, _, rows in whole}) == 1:
                 return whole
-        found = [slicer(indices[k]) for k, slicer in slicers]
+        found = [slicer(indices[k], ahead) for k, slicer in slicers]
         return found if any(f is None for f in found) or not widens else _whole_buffers(found, axes)
+
+    def arguments(xs: list[Any], found: list[tuple[Any, int, int]], buffers: list[Any],
+                  slots: list[int]) -> tuple:
+        """The kernel's arguments: its inputs, with each block read's buffer and first row
+        (a first row only where it reads a buffer it writes), the buffers it writes, and
+        the rows it writes them at."""
+        xs = list(xs)
+        for (k, _), (block, start, _) in zip(slicers, found):
+            xs[k] = np.int32(start) if k in in_buffer else (block, np.int32(start))
+        return (*xs, *buffers, *(np.int32(row) for row in slots))
 
     def make_kernel(copies: tuple[int, ...]) -> Callable:
         writes = tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies))
         return backend.block_kernel(op, params, len(edges), slices, writes, shared)
 
-    def later_counts(point: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """The row counts of the reads at the points after ``point`` along its last dim,
-        with the buffers as they are now (a window's ring: the rows it holds now)."""
-        out: list[tuple[int, ...]] = []
+    def later_launches(point: tuple[int, ...], xs: list[Any], buffers: list[Any],
+                       slots: list[int]) -> list[tuple[tuple[int, ...], tuple]]:
+        """The row counts of the reads at the points after ``point`` along its last dim
+        and the kernel's arguments there (their shapes: the buffers grown as they will
+        be, a window's ring as it is; the other inputs as at ``point``)."""
+        out = []
         for t in range(point[-1] + 1, bound):
-            indices = [phi(*point[:-1], t) for _, phi in reads]
-            later = located(indices)
-            if all(f is not None for f in later):
-                out.append(tuple(count for _, _, count in later))
+            later = (*point[:-1], t)
+            found = located([phi(*later) for _, phi in reads], ahead=True)
+            if all(f is not None for f in found):
+                grown = [store.shape_ahead(block, t) for store, block in zip(targets, buffers)]
+                out.append((tuple(count for _, _, count in found), arguments(xs, found, grown, slots)))
         return out
 
     def launch(point: tuple[int, ...]) -> None:
@@ -695,14 +728,14 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             return
         xs: list[Any] = [None if k in blocks else read(index)
                          for k, ((read, _), index) in enumerate(zip(reads, indices))]
-        for (k, _), (block, start, _) in zip(slicers, found):
-            xs[k] = np.int32(start) if k in in_buffer else (block, np.int32(start))
+        buffers, rows_written = [b for b, _ in slots], [row for _, rows in slots for row in rows]
         copies = tuple(len(rows) for _, rows in slots)
         run = programs.kernel(copies, make_kernel)
-        args = (*xs, *(b for b, _ in slots), *(np.int32(row) for _, rows in slots for row in rows))
+        args = arguments(xs, found, buffers, rows_written)
         rows = tuple(count for _, _, count in found)
         if (copies, rows) not in programs.compiled:
-            programs.ready(copies, rows, args, later_counts(point) if programs.first else [])
+            later = later_launches(point, xs, buffers, rows_written) if programs.first else []
+            programs.ready(copies, rows, later)
         outs = run(rows, *args)
         if written:
             outs, buffers = outs
@@ -737,15 +770,18 @@ class _Programs:
         """Whether no launch has been readied yet (nothing compiled or compiling)."""
         return not self.compiled and not self.compiling
 
-    def ready(self, copies: tuple[int, ...], rows: tuple[int, ...], args: tuple,
-              later: list[tuple[int, ...]]) -> None:
+    def ready(self, copies: tuple[int, ...], rows: tuple[int, ...],
+              later: list[tuple[tuple[int, ...], tuple]]) -> None:
         """Before the first launch with ``rows``: at the very first, start compiling the
-        ``later`` row counts in the background; where ``rows`` is being compiled there,
-        wait for it (where it has not started, or failed, the call compiles in the
-        foreground)."""
+        ``later`` launches (row counts, and arguments or their shapes) in the background;
+        where ``rows`` is being compiled there, wait for it (where it has not started, or
+        failed, the call compiles in the foreground)."""
         key = (copies, rows)
         if self.first:
-            for later_rows in dict.fromkeys(later):
+            first_launches: dict[tuple[int, ...], tuple] = {}
+            for later_rows, args in later:
+                first_launches.setdefault(later_rows, args)
+            for later_rows, args in first_launches.items():
                 if (copies, later_rows) != key:
                     self.compiling[(copies, later_rows)] = self.backend.compile_later(
                         self.kernels[copies], later_rows, args)

@@ -373,6 +373,14 @@ def _empty(index: tuple) -> bool:
     return any(isinstance(i, slice) and i.stop <= i.start for i in index)
 
 
+@dataclass(frozen=True)
+class BufferShape:
+    """The shape and dtype of a buffer to come (``BlockStore.block_slice`` ahead)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+
 class HostBuffers:
     """Block buffers in host memory (NumPy): rows are written in place; a slice read is a
     view of the buffer, handed to readers through ``view`` (``JaxBackend.view_of_host``:
@@ -502,12 +510,13 @@ class BlockStore:
     released once each of its rows has been written and freed (reallocating it whenever
     it is momentarily empty would cost O(T) per step). Buffers are host memory
     (``HostBuffers``), or the device's (``DeviceBuffers``) where a device kernel writes
-    them and device kernels read them in tiled slices.
+    them and device kernels read them in tiled slices. A buffer holds every row from the
+    start, or (``step``) grows by whole tiles as its rows are written.
     """
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
                  view: Callable[[np.ndarray], Any] = lambda rows: rows, rows: int | None = None,
-                 buffers: HostBuffers | DeviceBuffers | None = None):
+                 buffers: HostBuffers | DeviceBuffers | None = None, step: int | None = None):
         self.stats = stats
         self.buffers = buffers or HostBuffers(view)
         """Where the buffers live and how rows move in and out of them."""
@@ -518,6 +527,11 @@ class BlockStore:
         self.rows = max(length, rows or 0)
         """Rows of a buffer: the dim's points, and more where a padded read runs past them
         (``tempo.passes.tile``), so that it is a slice of the buffer too."""
+        self.step = step
+        """Where set, a buffer holds whole steps of rows up to its last written row only,
+        growing by a step (a copy) when a write runs past it (``held``): a kernel reading
+        the rows from the first up to that step reads the whole buffer, where XLA's CPU code
+        would copy the rows out of a longer one at every read."""
         self.blocks: dict[tuple[int, ...], Any] = {}
         self.live: dict[tuple[int, ...], set[int]] = {}
         self.produced: dict[tuple[int, ...], set[int]] = {}
@@ -535,7 +549,7 @@ class BlockStore:
         """The buffer (made if need be) and the rows that a write at ``point`` updates, for
         a kernel that writes them itself and returns the buffer (``written_by_kernel``)."""
         prefix = point[:-1]
-        return self._block(prefix), (self._slot(prefix, point[-1]),)
+        return self._block(prefix, point[-1]), (self._slot(prefix, point[-1]),)
 
     def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
         """``block``, the buffer ``row_slots(point)`` gave with the row at ``point`` written
@@ -560,7 +574,7 @@ class BlockStore:
             taken.append(row)
         for prefix, (ks, taken) in by_prefix.items():
             if not self._adopted(prefix, values, ks, taken):
-                self.blocks[prefix] = self.buffers.set_rows(self._block(prefix), ks, values, taken)
+                self.blocks[prefix] = self.buffers.set_rows(self._block(prefix, max(ks)), ks, values, taken)
             self.produced[prefix].update(ks)
             live = self.live[prefix]
             new = len(set(ks) - live)
@@ -569,7 +583,7 @@ class BlockStore:
             self.stats.peak = max(self.stats.peak, self.stats.live)
 
     def _put(self, prefix: tuple[int, ...], k: int, row: Any) -> None:
-        self.blocks[prefix] = self.buffers.set_row(self._block(prefix), k, row)
+        self.blocks[prefix] = self.buffers.set_row(self._block(prefix, k), k, row)
 
     def _adopted(self, prefix: tuple[int, ...], values: Any, ks: list[int], taken: list[int]) -> bool:
         """Whether the rows ``taken`` of ``values`` became the buffer of ``prefix`` as they
@@ -585,14 +599,23 @@ class BlockStore:
         self.bytes.add(block.nbytes)
         return True
 
-    def _block(self, prefix: tuple[int, ...]) -> Any:
-        """The buffer of ``prefix``, allocated at its first write."""
+    def _block(self, prefix: tuple[int, ...], k: int = 0) -> Any:
+        """The buffer of ``prefix``, allocated at its first write, able to hold row ``k``."""
         block = self.blocks.get(prefix)
         if block is None:
-            block = self.blocks[prefix] = self.buffers.allocate((self.rows, *self.shape), self.dtype)
+            block = self.blocks[prefix] = self.buffers.allocate((self.held(k), *self.shape), self.dtype)
             self.live[prefix], self.produced[prefix] = set(), set()
             self.bytes.add(block.nbytes)
+        elif block.shape[self.rows_axis] <= k < self.rows:
+            old = block
+            more = self.buffers.zeros((self.held(k) - old.shape[self.rows_axis], *self.shape), self.dtype)
+            block = self.blocks[prefix] = self.buffers.concatenate([old, more])
+            self.bytes.add(block.nbytes - old.nbytes)
         return block
+
+    def held(self, k: int) -> int:
+        """The rows of a buffer whose last written row is ``k``."""
+        return self.rows if self.step is None else min(self.rows, -(-(k + 1) // self.step) * self.step)
 
     def stacked(self, points: list[tuple[int, ...]]) -> Any | None:
         """The rows at ``points`` as one array (one copy) when they are rows of one buffer,
@@ -611,10 +634,12 @@ class BlockStore:
         """The buffer row holding point ``k`` of ``prefix``."""
         return k
 
-    def block_slice(self, index: tuple) -> tuple[Any, int, int] | None:
+    def block_slice(self, index: tuple, ahead: bool = False) -> tuple[Any, int, int] | None:
         """The buffer, first row and row count of a slice read of ``index`` where it is one
         run of a buffer's rows (a kernel may slice the buffer itself; a padded read of no
-        points too: its rows are masked), else None."""
+        points too: its rows are masked), else None. ``ahead``: of a read to come, with the
+        buffer as it will be by then (its ``BufferShape``: grown to the rows the read
+        reaches), to compile the reading kernel ahead."""
         prefix, last = index[:-1], index[-1]
         if not isinstance(last, slice) or (last.step is None and last.stop <= last.start) or _empty(prefix) \
                 or any(isinstance(i, slice) for i in prefix):
@@ -624,7 +649,16 @@ class BlockStore:
             return None
         start = self._slot(prefix, last.start)
         rows = last.stop - last.start if last.step is None else last.step
+        if ahead:
+            block = self.shape_ahead(block, start + rows - 1)
         return (block, start, rows) if start + rows <= block.shape[self.rows_axis] else None
+
+    def shape_ahead(self, block: Any, k: int) -> BufferShape:
+        """The shape of ``block`` once it holds row ``k`` (``block`` where it does not grow)."""
+        if self.step is None:
+            return block
+        held = max(block.shape[self.rows_axis], self.held(min(k, self.rows - 1)))
+        return BufferShape(rows_moved((held, *self.shape), self.rows_axis), block.dtype)
 
     def reader(self, slices: bool, host: bool = False) -> Callable[[tuple], Any]:
         """Reads of the block's rows (``host`` changes nothing: a store with host readers
@@ -719,7 +753,7 @@ class WindowStore(BlockStore):
         for point, row in zip(points, rows):
             self.write(point, self.buffers.row_of(values, row))
 
-    def _block(self, prefix: tuple[int, ...]) -> Any:
+    def _block(self, prefix: tuple[int, ...], k: int = 0) -> Any:
         block = self.blocks.get(prefix)
         if block is None:
             block = self._allocate(prefix, self.initial)

@@ -24,11 +24,13 @@ def _store(kind: str, device: bool, axis: int = 0):
     buffers = DeviceBuffers(JaxBackend(), axis) if device else HostBuffers(axis=axis)
     if kind == "block":
         return BlockStore(stats, 12, ROW, "float32", rows=16, buffers=buffers), stats
+    if kind == "growing":
+        return BlockStore(stats, 12, ROW, "float32", rows=16, buffers=buffers, step=5), stats
     return WindowStore(stats, 12, ROW, "float32", capacity=4, buffers=buffers), stats
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])
-@pytest.mark.parametrize("kind", ["block", "window"])
+@pytest.mark.parametrize("kind", ["block", "growing", "window"])
 def test_device_buffers_behave_as_host_buffers(kind, axis):
     """A random run of writes (one row, several rows of a stacked array), frees and reads
     (points, slices, padded slices, gathered rows) gives the same values from both stores,
@@ -219,8 +221,11 @@ def test_long_reads_of_a_buffers_first_rows_read_the_whole_buffer(monkeypatch, f
     (0.6) of the buffer reads the whole buffer (no rows sliced out) and masks the rows past ``t``; shorter
     reads are sliced. Not where a value of the padded length leaves the kernel (without
     fusion, the reading matmul's output has the padded length). The values are the
-    reference evaluator's either way."""
+    reference evaluator's either way. (Buffers that do not grow: a growing one holds the
+    read's rows exactly, see below.)"""
+    from tempo.runtime import executable
     from tempo.runtime.backends import JaxBackend
+    monkeypatch.setattr(executable, "_growth_step", lambda readers, bounds: None)
     rows_read = set()
     original = JaxBackend.block_kernel
 
@@ -240,6 +245,30 @@ def test_long_reads_of_a_buffers_first_rows_read_the_whole_buffer(monkeypatch, f
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     # 64 and 80 rows of 96: the whole buffer
     assert rows_read == ({16, 32, 48, 96} if fused else {16, 32, 48, 64, 80, 96})
+
+
+@pytest.mark.parametrize("newest", [True, False])
+def test_a_buffer_read_from_its_first_row_grows_by_tiles(monkeypatch, newest):
+    """A device buffer whose readers read its first rows, padded to tiles, holds whole
+    tiles up to its last written row: every kernel reads the whole buffer (no rows sliced
+    out), which ends at the padded length of the longest read; the values are the
+    reference evaluator's."""
+    from tempo.runtime import backends
+    lengths, sliced = set(), []
+    first_rows = backends._first_rows
+
+    def slicing(lax, block, start, count, axis):
+        lengths.add(block.shape[axis])
+        sliced.append(count < block.shape[axis])
+        return first_rows(lax, block, start, count, axis)
+    monkeypatch.setattr(backends, "_first_rows", slicing)
+    ctx, bounds, s = _exp_attention(90, seed=2)
+    passes = None if newest else [name for name, _ in PIPELINE if name != "newest"]
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16, passes=passes)
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    assert lengths == {16, 32, 48, 64, 80, 96} and not any(sliced)
 
 
 def test_later_row_counts_compile_in_the_background(monkeypatch):
@@ -262,8 +291,7 @@ def test_later_row_counts_compile_in_the_background(monkeypatch):
         again = exe.run()[s]  # the programs kept: nothing compiles again
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(again, got)
-    # t = 0 reads 16 rows (no points, padded), then 32, 48, and whole 96-row buffers
-    # from 64 rows on (more than WHOLE_BUFFER_SHARE of the buffer)
-    assert later == [(32,), (48,), (96,)]
+    # t = 0 reads 16 rows (no points, padded), then 32, 48, ...: the buffer grows with them
+    assert later == [(32,), (48,), (64,), (80,), (96,)]
     (kernel,) = kernels
-    assert kernel._cache_size() == 4  # one program per count read
+    assert kernel._cache_size() == 6  # one program per count read: compiled for the grown buffers
