@@ -170,6 +170,31 @@ def _exp_attention(length: int, seed: int, window: int | None = None):
     return ctx, {T: length}, s
 
 
+def _checked_attention(length: int, seed: int, window: int | None = None, without: str | None = None,
+                       tile: int | None = 16):
+    """``_exp_attention`` compiled on JAX (all passes but ``without``) and run, its values
+    checked against the reference evaluator; the executable."""
+    ctx, bounds, s = _exp_attention(length, seed, window)
+    passes = None if without is None else [name for name, _ in PIPELINE if name != without]
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", tile=tile, passes=passes)
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    return exe
+
+
+def _record_first_rows(monkeypatch) -> list[tuple[int, int]]:
+    """The (rows read, buffer rows) of every block read the kernels trace from now on."""
+    from tempo.runtime import backends
+    read, first_rows = [], backends._first_rows
+
+    def recording(lax, block, start, count, axis):
+        read.append((count, block.shape[axis]))
+        return first_rows(lax, block, start, count, axis)
+    monkeypatch.setattr(backends, "_first_rows", recording)
+    return read
+
+
 @pytest.mark.parametrize("window", [None, 4])
 @pytest.mark.parametrize("newest", [True, False])
 def test_kernels_slice_device_buffers_themselves(monkeypatch, window, newest):
@@ -180,32 +205,24 @@ def test_kernels_slice_device_buffers_themselves(monkeypatch, window, newest):
     which writes the row of its point and reads the rows from the written buffer; without
     it, two. A window's ring is read whole, in ring order, never sliced. The values are the
     reference evaluator's."""
-    from tempo.runtime import backends
     from tempo.runtime.backends import JaxBackend
-    made, sliced = [], []
-    original, first_rows = JaxBackend.block_kernel, backends._first_rows
+    made = []
+    original = JaxBackend.block_kernel
 
     def recording(self, op, params, inputs, slices, writes=(), shared=()):
         made.append((slices, writes, shared))
         return original(self, op, params, inputs, slices, writes, shared)
-
-    def slicing(lax, block, start, count, axis):
-        sliced.append(count < block.shape[axis])
-        return first_rows(lax, block, start, count, axis)
     monkeypatch.setattr(JaxBackend, "block_kernel", recording)
-    monkeypatch.setattr(backends, "_first_rows", slicing)
-    ctx, bounds, s = _exp_attention(40, seed=1, window=window)
-    passes = None if newest else [name for name, _ in PIPELINE if name != "newest"]
-    with ctx:
-        exe = ctx.compile(bounds, [s], backend="jax", tile=16 if window is None else None, passes=passes)
-        got = exe.run()[s]  # a window's reads: padded to the window (the compiler's choice)
-    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    rows_read = _record_first_rows(monkeypatch)
+    # a window's reads: padded to the window (the compiler's choice)
+    exe = _checked_attention(40, 1, window, without=None if newest else "newest",
+                             tile=16 if window is None else None)
     (read,) = [e for e in exe.graph.edges() if e.slices]
     assert read.rows_at == 2
     writes = ((read.src_out, 2, 1),)  # y's rows, by y's kernel
     if window is not None:  # a ring of the window's rows, split read or not
         assert exe.windows == {(read.src.id, read.src_out): window}
-        assert sliced and not any(sliced)
+        assert rows_read and all(count == rows for count, rows in rows_read)
     if newest:
         assert read.src is read.sink  # the fused kernel reads the rows it writes
         assert made == [(((read.sink_in, 2),), writes, ((read.sink_in, 0),))]
@@ -237,12 +254,7 @@ def test_long_reads_of_a_buffers_first_rows_read_the_whole_buffer(monkeypatch, f
             return run(rows, *args)
         return recorded if slices else run
     monkeypatch.setattr(JaxBackend, "block_kernel", recording)
-    ctx, bounds, s = _exp_attention(90, seed=2)
-    passes = None if fused else [name for name, _ in PIPELINE if name != "fusion"]
-    with ctx:
-        exe = ctx.compile(bounds, [s], backend="jax", tile=16, passes=passes)
-        got = exe.run()[s]
-    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    _checked_attention(90, 2, without=None if fused else "fusion")
     # 64 and 80 rows of 96: the whole buffer
     assert rows_read == ({16, 32, 48, 96} if fused else {16, 32, 48, 64, 80, 96})
 
@@ -253,22 +265,10 @@ def test_a_buffer_read_from_its_first_row_grows_by_tiles(monkeypatch, newest):
     tiles up to its last written row: every kernel reads the whole buffer (no rows sliced
     out), which ends at the padded length of the longest read; the values are the
     reference evaluator's."""
-    from tempo.runtime import backends
-    lengths, sliced = set(), []
-    first_rows = backends._first_rows
-
-    def slicing(lax, block, start, count, axis):
-        lengths.add(block.shape[axis])
-        sliced.append(count < block.shape[axis])
-        return first_rows(lax, block, start, count, axis)
-    monkeypatch.setattr(backends, "_first_rows", slicing)
-    ctx, bounds, s = _exp_attention(90, seed=2)
-    passes = None if newest else [name for name, _ in PIPELINE if name != "newest"]
-    with ctx:
-        exe = ctx.compile(bounds, [s], backend="jax", tile=16, passes=passes)
-        got = exe.run()[s]
-    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
-    assert lengths == {16, 32, 48, 64, 80, 96} and not any(sliced)
+    rows_read = _record_first_rows(monkeypatch)
+    _checked_attention(90, 2, without=None if newest else "newest")
+    assert {rows for _, rows in rows_read} == {16, 32, 48, 64, 80, 96}
+    assert all(count == rows for count, rows in rows_read)
 
 
 def test_later_row_counts_compile_in_the_background(monkeypatch):
