@@ -244,12 +244,11 @@ class JaxBackend:
         a separate program copying them out first (a decoder's attention reads ``k[0:t+1]``
         at every position). For each of ``writes`` (``(output, axis, copies)``) a buffer
         follows the inputs, and after the buffers ``copies`` rows of each: the kernel writes
-        that output into the buffer at those rows (a window's ring holds each row twice),
-        takes the buffer over, and returns ``(outputs, buffers)`` (one launch instead of
-        one more per written row). An input of ``shared`` (``(position, write)``) is the
-        first row only, of the buffer of ``writes[write]``: the ``put_row`` members reading
-        it write the row there first and read the rows from the written buffer
-        (``tempo.passes.newest``)."""
+        that output into the buffer at those rows, takes the buffer over, and returns
+        ``(outputs, buffers)`` (one launch instead of one more per written row). An input
+        of ``shared`` (``(position, write)``) is the first row only, of the buffer of
+        ``writes[write]``: the ``put_row`` members reading it write the row there first and
+        read the rows from the written buffer (``tempo.passes.newest``)."""
         frozen = _freeze(op.kind, params)  # shared by ops of the same kind and params
         cache, key = (_JIT_CACHE, ("blocks", *frozen, inputs, slices, writes, shared, self.xp.mesh_key)) \
             if frozen is not None else (self._by_op, ("blocks", op.id, slices, writes, shared))

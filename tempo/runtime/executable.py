@@ -390,7 +390,7 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         buffers = DeviceBuffers(backend, axis) if device else HostBuffers(backend.view_of_host, axis)
         if window is not None:
             return WindowStore(stats, length, shape, t.dtype, window, buffers=buffers)
-        step = _growth_step(readers, bounds) if device else None
+        step = _growth_step(readers, bounds) if device and backend.on_cpu else None
         return BlockStore(stats, length, shape, t.dtype, rows=rows, buffers=buffers, step=step)
 
     def empty(sizes: tuple[int, ...]) -> Any:
@@ -531,10 +531,11 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     written = [k for k in range(len(op.outputs)) if _written_by_kernel(op, k, edges, blocks, stores)]
     if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
         widens = _widens_prefix_reads(op, edges, blocks, stores, set(bounds))
-        tiled = any(edges[k].tiled for k in blocks)  # row counts that change along the dim
+        # shapes that change along the dim: tiled reads' row counts, growing buffers' lengths
+        changing = any(edges[k].tiled for k in blocks) or any(stores[(op.id, k)].step for k in written)
         kept = _Programs(backend) if programs is None else programs.setdefault(op.id, _Programs(backend))
         return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
-                               stores, kept, widens, extent if tiled else 0)
+                               stores, kept, widens, extent if changing else 0)
     donors = [(k, compile_function([last_reads[e]], domain, bounds), _source_store(e, stores))
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
     if donors and static_params is not None and static_shapes:
@@ -623,6 +624,27 @@ def _widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: d
     return all(d.symbols() <= known for d in shapes)
 
 
+def _reads_rings_whole(op: Op, edges: list[Edge], blocks: list[int], sources: list[Any]) -> bool:
+    """Whether ``op``'s kernel may read its block reads ``blocks`` (from ``sources``) as
+    whole rings, their rows in ring order (``WindowStore.ring_slice``): every one is a
+    tiled read of a ring, and nothing else the kernel reads or makes has a padded read's
+    length. Such a value would have its rows in the points' order: a slice read the
+    kernel does not take from a device buffer, or a value of the padded axis made by
+    another kernel or read by one (without fusion, the scores' matmul is a kernel of its
+    own). A value of that length for another reason (a hidden size equal to the window)
+    is refused too: the points' order is then kept."""
+    reads = [edges[k] for k in blocks]
+    if not reads or not all(e.tiled and isinstance(store, WindowStore) for e, store in zip(reads, sources)):
+        return False
+    padded = {e.phi[-1].pad for e in reads}
+    others = [e for k, e in enumerate(edges) if k not in blocks]
+    if any(e.slices for e in others):
+        return False
+    made = {d for t in op.outputs for d in t.shape}
+    read = {d for e in others for d in e.src.outputs[e.src_out].shape}
+    return not padded & (made | read)
+
+
 def _whole_buffers(found: list[tuple[Any, int, int]], axes: list[int],
                    share: float = WHOLE_BUFFER_SHARE) -> list[tuple[Any, int, int]]:
     """``found`` (a kernel's block reads: buffer, first row, rows) with whole buffers where
@@ -652,7 +674,8 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
 
     A kernel whose block reads are all tiled reads of windows' rings reads the whole rings,
     their rows in ring order rather than in the points' (no slice: a window decoder's
-    attention reads its keys and values as they lie). The order does not matter to such a
+    attention reads its keys and values as they lie), where nothing else it reads or makes
+    has the padded length (``_reads_rings_whole``). The order does not matter to such a
     kernel: the tile pass lets a padded axis flow only through elementwise ops between
     values of the same reads, permutes, matmuls and reductions, and masks the rows past a
     read's points, so one permutation of every read's rows that keeps the masked rows
@@ -674,7 +697,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     in_buffer = {k for k, _ in shared}
     others = [(write, k) for k, write in enumerate(writes) if k not in written]
     rings = [(k, store.ring_slice) for k, store in zip(blocks, sources)] \
-        if all(isinstance(store, WindowStore) and edges[k].tiled for k, store in zip(blocks, sources)) else []
+        if _reads_rings_whole(op, edges, blocks, sources) else []
 
     def located(indices: list[tuple], ahead: bool = False) -> list[tuple[Any, int, int] | None]:
         """Each block read's buffer, first row and rows (None: not one run of a buffer's
@@ -714,8 +737,15 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             found = located([phi(*later) for _, phi in reads], ahead=True)
             if all(f is not None for f in found):
                 grown = [store.shape_ahead(block, t) for store, block in zip(targets, buffers)]
-                out.append((tuple(count for _, _, count in found), arguments(xs, found, grown, slots)))
+                out.append((launch_shape(found, grown), arguments(xs, found, grown, slots)))
         return out
+
+    def launch_shape(found: list[tuple[Any, int, int]], buffers: list[Any]) -> tuple:
+        """What a launch's program depends on beyond the inputs' types: the reads' row
+        counts, the lengths of the buffers read and of those written (growing buffers)."""
+        return (tuple(count for _, _, count in found),
+                tuple(block.shape[axis] for (block, _, _), axis in zip(found, axes)),
+                tuple(block.shape[store.rows_axis] for store, block in zip(targets, buffers)))
 
     def launch(point: tuple[int, ...]) -> None:
         slots = [store.row_slots(point) for store in targets]  # first: a ring may grow
@@ -732,11 +762,11 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
         copies = tuple(len(rows) for _, rows in slots)
         run = programs.kernel(copies, make_kernel)
         args = arguments(xs, found, buffers, rows_written)
-        rows = tuple(count for _, _, count in found)
-        if (copies, rows) not in programs.compiled:
+        shape = launch_shape(found, buffers)
+        if (copies, shape) not in programs.compiled:
             later = later_launches(point, xs, buffers, rows_written) if programs.first else []
-            programs.ready(copies, rows, later)
-        outs = run(rows, *args)
+            programs.ready(copies, shape, later)
+        outs = run(shape[0], *args)
         if written:
             outs, buffers = outs
             for store, block in zip(targets, buffers):
@@ -750,14 +780,15 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
 
 class _Programs:
     """A block launcher's jitted kernels (one per number of rows each write updates,
-    ``copies``: a ring's 2) and the row counts each has programs for, compiled or being
-    compiled in the background; kept across runs (``Executable``)."""
+    ``copies``) and the launch shapes each has programs for (the reads' row counts and
+    the buffers' lengths), compiled or being compiled in the background; kept across
+    runs (``Executable``)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
         self.kernels: dict[tuple[int, ...], Callable] = {}
         self.compiled: set[tuple] = set()
-        self.compiling: dict[tuple, Future] = {}  # (copies, rows) -> the background compile
+        self.compiling: dict[tuple, Future] = {}  # (copies, shape) -> the background compile
 
     def kernel(self, copies: tuple[int, ...], make: Callable[[tuple[int, ...]], Callable]) -> Callable:
         run = self.kernels.get(copies)
@@ -770,21 +801,22 @@ class _Programs:
         """Whether no launch has been readied yet (nothing compiled or compiling)."""
         return not self.compiled and not self.compiling
 
-    def ready(self, copies: tuple[int, ...], rows: tuple[int, ...],
-              later: list[tuple[tuple[int, ...], tuple]]) -> None:
-        """Before the first launch with ``rows``: at the very first, start compiling the
-        ``later`` launches (row counts, and arguments or their shapes) in the background;
-        where ``rows`` is being compiled there, wait for it (where it has not started, or
-        failed, the call compiles in the foreground)."""
-        key = (copies, rows)
+    def ready(self, copies: tuple[int, ...], shape: tuple,
+              later: list[tuple[tuple, tuple]]) -> None:
+        """Before the first launch of ``shape`` (its reads' row counts first, the static
+        argument): at the very first, start compiling the ``later`` launches (shapes, and
+        arguments or their shapes) in the background; where ``shape`` is being compiled
+        there, wait for it (where it has not started, or failed, the call compiles in the
+        foreground)."""
+        key = (copies, shape)
         if self.first:
-            first_launches: dict[tuple[int, ...], tuple] = {}
-            for later_rows, args in later:
-                first_launches.setdefault(later_rows, args)
-            for later_rows, args in first_launches.items():
-                if (copies, later_rows) != key:
-                    self.compiling[(copies, later_rows)] = self.backend.compile_later(
-                        self.kernels[copies], later_rows, args)
+            first_launches: dict[tuple, tuple] = {}
+            for later_shape, args in later:
+                first_launches.setdefault(later_shape, args)
+            for later_shape, args in first_launches.items():
+                if (copies, later_shape) != key:
+                    self.compiling[(copies, later_shape)] = self.backend.compile_later(
+                        self.kernels[copies], later_shape[0], args)
         pending = self.compiling.pop(key, None)
         if pending is not None and not pending.cancel():
             pending.exception()  # waits

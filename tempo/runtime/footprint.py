@@ -69,27 +69,34 @@ def _block_step(counter: Bytes, store: BlockStore, buffers: dict, kind: str, poi
     """A write or free of ``point`` in a block store: a buffer per prefix, allocated at its
     first write, released once every row was written and freed (as ``BlockStore`` does).
     A ``WindowStore``'s buffer is its ring (``C`` rows), doubled when more points than
-    ``C`` are held at once."""
+    ``C`` are held at once; a growing one (``BlockStore.step``) holds whole steps up to
+    its last written row. Growing holds the old buffer and the new one at once."""
     prefix, row = point[:-1], point[-1]
     ring = isinstance(store, WindowStore)
     if kind == "exec":
         if prefix not in buffers:
-            capacity = store.initial if ring else store.length
+            capacity = store.initial if ring else store.held(row) if store.step else store.length
             buffers[prefix] = (set(), set(), [capacity])
             counter.add(_buffer_bytes(store, capacity))
         produced, held, capacity = buffers[prefix]
         produced.add(row)
         held.add(row)
         while ring and len(held) > capacity[0] and capacity[0] < store.length:
-            grown = min(2 * capacity[0], store.length)
-            counter.add(_buffer_bytes(store, grown) - _buffer_bytes(store, capacity[0]))
-            capacity[0] = grown
+            _grow(counter, store, capacity, min(2 * capacity[0], store.length))
+        if not ring and store.step and row >= capacity[0]:
+            _grow(counter, store, capacity, store.held(row))
     elif prefix in buffers:
         produced, held, capacity = buffers[prefix]
         held.discard(row)
         if not held and len(produced) == store.length:
             del buffers[prefix]
             counter.add(-_buffer_bytes(store, capacity[0]))
+
+
+def _grow(counter: Bytes, store: BlockStore, capacity: list[int], grown: int) -> None:
+    counter.add(_buffer_bytes(store, grown))
+    counter.add(-_buffer_bytes(store, capacity[0]))
+    capacity[0] = grown
 
 
 def _buffer_bytes(store: BlockStore, capacity: int) -> int:

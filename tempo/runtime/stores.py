@@ -640,7 +640,8 @@ class BlockStore:
         elif block.shape[self.rows_axis] <= k < self.rows:
             more = self.buffers.zeros((self.held(k) - block.shape[self.rows_axis], *self.shape), self.dtype)
             grown = self.buffers.concatenate([block, more])
-            self.bytes.add(grown.nbytes - block.nbytes)
+            self.bytes.add(grown.nbytes)  # both held, for a moment
+            self.bytes.add(-block.nbytes)
             self.blocks[prefix] = block = grown
             self.buffers.replaced(block)
         return block
@@ -828,8 +829,8 @@ class WindowStore(BlockStore):
         old, capacity = self.blocks[prefix], self.capacity[prefix]
         live = self.live[prefix]
         rows = {k: self.buffers.gather(old, slot) for slot, k in self.written[prefix].items() if k in live}
-        self.bytes.now -= old.nbytes
         self._allocate(prefix, min(2 * capacity, self.length))  # at most the whole dim
+        self.bytes.add(-old.nbytes)  # (held with the new ring until its rows are copied)
         for k, row in rows.items():
             self._put(prefix, k, row)
 

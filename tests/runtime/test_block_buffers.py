@@ -183,6 +183,53 @@ def _checked_attention(length: int, seed: int, window: int | None = None, withou
     return exe
 
 
+def _record_ring_reads(monkeypatch) -> list[bool]:
+    """Per call of ``WindowStore.ring_slice`` from now on: whether it gave the whole ring."""
+    from tempo.runtime.stores import WindowStore
+    given, ring_slice = [], WindowStore.ring_slice
+
+    def recording(self, index, put=False):
+        ring = ring_slice(self, index, put)
+        given.append(ring is not None)
+        return ring
+    monkeypatch.setattr(WindowStore, "ring_slice", recording)
+    return given
+
+
+def test_a_kernel_reads_rings_in_ring_order_only_where_nothing_else_has_the_padded_length(monkeypatch):
+    """Without fusion the scores' matmul is a kernel of its own whose output has the
+    window's padded length, which its reader would see in the points' order: that kernel
+    reads the ring in the points' order (a gather once the window wraps). The values are
+    the reference evaluator's either way."""
+    rings = _record_ring_reads(monkeypatch)
+    _checked_attention(40, 1, window=4, without="fusion", tile=None)
+    assert not rings
+
+
+def test_a_rings_rows_in_ring_order_are_the_reads_points():
+    """``WindowStore.ring_slice`` gives the whole ring where a padded read as long as the
+    ring fills it (with the row a ``put_row`` adds, or without) or starts at its first
+    row; not where the masked rows would be others than the read's last ones, nor for a
+    read shorter than the ring, nor once the ring grew."""
+    from tempo.runtime.stores import MemoryStats, WindowStore
+    store = WindowStore(MemoryStats(), 12, (2,), "float32", capacity=4)
+    for k in range(7):
+        if k >= 4:
+            store.free((0, k - 4))
+        store.write((0, k), np.full(2, k, np.float32))  # points 3..6 live at rows 3, 0, 1, 2
+    block = store.blocks[(0,)]
+    assert store.ring_slice((0, slice(3, 7, 4))) == (block, 0, 4)  # fills the ring
+    assert store.ring_slice((0, slice(3, 6, 4)), put=True) == (block, 0, 4)  # and the put row
+    assert store.ring_slice((0, slice(3, 6, 4))) is None  # the row after 5 would be masked
+    assert store.ring_slice((0, slice(4, 6, 4))) == (block, 0, 4)  # from row 0: the points' order
+    assert store.ring_slice((0, slice(5, 7, 4))) is None
+    assert store.ring_slice((0, slice(4, 6, 2))) is None  # shorter than the ring
+    np.testing.assert_array_equal(store.read((0, slice(3, 7)))[:, 0], [3, 4, 5, 6])  # a gather
+    store.write((0, 7), np.full(2, 7, np.float32))  # point 3 still live: the ring doubles
+    assert store.capacity[(0,)] == 8 and store.ring_slice((0, slice(4, 8, 4))) is None
+    np.testing.assert_array_equal(store.read((0, slice(3, 8)))[:, 0], [3, 4, 5, 6, 7])
+
+
 def _record_first_rows(monkeypatch) -> list[tuple[int, int]]:
     """The (rows read, buffer rows) of every block read the kernels trace from now on."""
     from tempo.runtime import backends
@@ -213,7 +260,7 @@ def test_kernels_slice_device_buffers_themselves(monkeypatch, window, newest):
         made.append((slices, writes, shared))
         return original(self, op, params, inputs, slices, writes, shared)
     monkeypatch.setattr(JaxBackend, "block_kernel", recording)
-    rows_read = _record_first_rows(monkeypatch)
+    rings = _record_ring_reads(monkeypatch)
     # a window's reads: padded to the window (the compiler's choice)
     exe = _checked_attention(40, 1, window, without=None if newest else "newest",
                              tile=16 if window is None else None)
@@ -222,7 +269,7 @@ def test_kernels_slice_device_buffers_themselves(monkeypatch, window, newest):
     writes = ((read.src_out, 2, 1),)  # y's rows, by y's kernel
     if window is not None:  # a ring of the window's rows, split read or not
         assert exe.windows == {(read.src.id, read.src_out): window}
-        assert rows_read and all(count == rows for count, rows in rows_read)
+        assert len(rings) >= 40 and all(rings)  # every launch (and those compiled ahead)
     if newest:
         assert read.src is read.sink  # the fused kernel reads the rows it writes
         assert made == [(((read.sink_in, 2),), writes, ((read.sink_in, 0),))]
@@ -274,9 +321,13 @@ def test_a_buffer_read_from_its_first_row_grows_by_tiles(monkeypatch, newest):
 def test_later_row_counts_compile_in_the_background(monkeypatch):
     """At its first launch, a kernel with tiled reads starts compiling the row counts its
     later points read, in the order they come (a decoder's next tiles compile while it
-    decodes); the values are the reference evaluator's."""
+    decodes), for the shapes its buffers will have then: no later launch compiles in the
+    foreground, in this run or the next. The values are the reference evaluator's."""
+    import logging
+    import threading
+
     from tempo.runtime.backends import JaxBackend
-    later, kernels = [], set()
+    later, kernels, compiles = [], set(), []
     original = JaxBackend.compile_later
 
     def recording(self, kernel, static, args):
@@ -284,14 +335,25 @@ def test_later_row_counts_compile_in_the_background(monkeypatch):
         kernels.add(kernel)
         return original(self, kernel, static, args)
     monkeypatch.setattr(JaxBackend, "compile_later", recording)
+
+    class Compiles(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Compiling jit(run)"):
+                compiles.append(threading.current_thread() is threading.main_thread())
+    handler, logger = Compiles(), logging.getLogger("jax")
+    logger.addHandler(handler)
     ctx, bounds, s = _exp_attention(90, seed=3)
-    with ctx:
-        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
-        got = exe.run()[s]
-        again = exe.run()[s]  # the programs kept: nothing compiles again
+    try:
+        with ctx, jax.log_compiles():
+            exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+            got = exe.run()[s]
+            again = exe.run()[s]  # the programs kept: nothing compiles again
+    finally:
+        logger.removeHandler(handler)
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(again, got)
     # t = 0 reads 16 rows (no points, padded), then 32, 48, ...: the buffer grows with them
     assert later == [(32,), (48,), (64,), (80,), (96,)]
+    assert compiles == [True]  # in the foreground, only the first launch (JAX logs this thread's)
     (kernel,) = kernels
-    assert kernel._cache_size() == 6  # one program per count read: compiled for the grown buffers
+    assert kernel._cache_size() == 6  # one program per count read
