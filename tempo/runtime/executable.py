@@ -645,17 +645,16 @@ def _reads_rings_whole(op: Op, edges: list[Edge], blocks: list[int], sources: li
     return not padded & (made | read)
 
 
-def _whole_buffers(found: list[tuple[Any, int, int]], axes: list[int],
-                   share: float = WHOLE_BUFFER_SHARE) -> list[tuple[Any, int, int]]:
+def _whole_buffers(found: list[tuple[Any, int, int]], axes: list[int]) -> list[tuple[Any, int, int]]:
     """``found`` (a kernel's block reads: buffer, first row, rows) with whole buffers where
     every read is of the first rows, all of one length, of buffers of one length, and that
-    length covers more than ``share`` of it."""
+    length covers more than ``WHOLE_BUFFER_SHARE`` of it."""
     lengths = {block.shape[axis] for (block, _, _), axis in zip(found, axes)}
     rows = {count for _, _, count in found}
     if len(lengths) != 1 or len(rows) != 1 or any(start for _, start, _ in found):
         return found
     (length,), (count,) = lengths, rows
-    if count >= length or count <= share * length:
+    if count >= length or count <= WHOLE_BUFFER_SHARE * length:
         return found
     return [(block, 0, length) for block, _, _ in found]
 
