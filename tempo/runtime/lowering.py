@@ -118,9 +118,12 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
     a nest that runs interpreted still runs its inner loop in the form that loop chose."""
     found: dict[str, Lowerable] = {}
 
+    def lowerable(loop: ast.Loop) -> bool:
+        return _lowerable(loop, statements, graph, bounds, nests)
+
     def visit(node: ast.Node, outer: tuple[Symbol, ...]) -> ast.Node:
         if isinstance(node, ast.Seq):
-            return ast.Seq(tuple(visit(c, outer) for c in node.body))
+            return ast.Seq(tuple(visit(c, outer) for c in _with_peeled_iterations(node.body, lowerable)))
         if isinstance(node, ast.If):
             orelse = visit(node.orelse, outer) if node.orelse is not None else None
             return ast.If(node.cond, visit(node.then, outer), orelse)
@@ -134,6 +137,37 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
             return ast.Stmt(name, outer)
         return node
     return visit(root, ()), found
+
+
+def _with_peeled_iterations(body: tuple[ast.Node, ...],
+                            lowerable: Callable[[ast.Loop], bool]) -> list[ast.Node]:
+    """``body`` with each lowerable innermost loop given back the iterations isl peeled
+    off it into the statements around it (``nest.with_peeled_iterations``: a recurrence's
+    first step, an update loop's last), where the loop stays lowerable with them: the
+    peeled statements then run inside the loop's scan instead of as kernels of their own,
+    each compiled a second time outside the scan (PPO's acting step and its update)."""
+    out = list(body)
+    k = 0
+    while k < len(out):
+        loop = out[k]
+        if isinstance(loop, ast.Loop) and nest.is_nest(loop) and nest.depth(loop) == 1 and lowerable(loop):
+            start, stop = k, k + 1
+            while start and isinstance(out[start - 1], ast.Stmt):
+                start -= 1
+            while stop < len(out) and isinstance(out[stop], ast.Stmt):
+                stop += 1
+            before, after = out[start:k], out[k + 1:stop]
+            for take_before, take_after in ((True, True), (True, False), (False, True)):
+                kept_before, unpeeled, kept_after = nest.with_peeled_iterations(
+                    before if take_before else [], loop, after if take_after else [])
+                if unpeeled is not loop and lowerable(unpeeled):
+                    kept_before = kept_before if take_before else before
+                    kept_after = kept_after if take_after else after
+                    out[start:stop] = [*kept_before, unpeeled, *kept_after]
+                    k = start + len(kept_before)
+                    break
+        k += 1
+    return out
 
 
 def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,

@@ -27,6 +27,7 @@ import numpy as np
 
 from tempo.schedule import ast
 from tempo.symbolic.expr import (
+    TRUE,
     Expr,
     Symbol,
     compile_function,
@@ -69,6 +70,17 @@ def unpeeled(loop: ast.Loop) -> ast.Loop:
     body = _unpeel_each(body, first=True)
     body = _unpeel_each(body[::-1], first=False)[::-1]
     return ast.Loop(loop.var, loop.start, loop.cond, loop.step, _sequence(body))
+
+
+def with_peeled_iterations(before: list[ast.Stmt], loop: ast.Loop,
+                           after: list[ast.Stmt]) -> tuple[list[ast.Stmt], ast.Loop, list[ast.Stmt]]:
+    """An innermost ``loop`` given back its peeled first and last iterations from the
+    statements just ``before`` and ``after`` it in its body (as ``unpeeled`` does for a
+    nest's inner loops): the statements that stay before it, the loop, those that stay
+    after it."""
+    kept_before, loop = _unpeel([(stmt, ()) for stmt in before], loop, first=True)
+    kept_after, loop = _unpeel([(stmt, ()) for stmt in after], loop, first=False)
+    return [stmt for stmt, _ in kept_before], loop, [stmt for stmt, _ in kept_after]  # type: ignore[misc]
 
 
 def _unpeel_each(body: Body, first: bool) -> Body:
@@ -133,8 +145,9 @@ def _common(before: list[Guarded], body: list[Guarded], at: dict[Symbol, Expr]) 
     """The longest common subsequence of the statements ``before`` a loop and those of its
     ``body`` at iteration ``at``, as pairs of positions."""
     def key(stmt: ast.Stmt, guard: tuple[Expr, ...], subst: dict) -> tuple:
+        guards = (e.substitute(subst) for e in guard)  # a guard that holds there is no guard
         return (stmt.name, tuple(repr(e.substitute(subst)) for e in stmt.index),
-                tuple(repr(e.substitute(subst)) for e in guard))
+                tuple(repr(e) for e in guards if e is not TRUE))
     left = [key(stmt, guard, {}) for stmt, guard in before]
     right = [key(stmt, guard, at) for stmt, guard in body]
     lengths = np.zeros((len(left) + 1, len(right) + 1), np.int64)

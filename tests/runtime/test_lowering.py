@@ -5,9 +5,12 @@ import pathlib
 
 import numpy as np
 import pytest
+from test_nest import _interpreted, _loop, _skewed_loop_with_peeled_iterations, c0
 
 import tempo as tp
 from tempo.reference import evaluate
+from tempo.runtime.lowering import _with_peeled_iterations
+from tempo.schedule import ast
 
 
 def _recurrences(entries: int = 4):
@@ -52,6 +55,22 @@ def test_translated_entries_reuse_the_plan():
     _check(exe, ctx, bounds, outputs)
     assert max(c.reused for c in exe.loop_choices.values()) == bounds[ctx.bounds[0]] - 2
     assert "plans reused in 2 entries" in "\n".join(map(str, exe.loop_choices.values()))
+
+
+def test_peeled_iterations_go_back_into_a_lowerable_loop_where_it_stays_lowerable():
+    """The statements isl peeled off a lowerable loop go back into it (their kernels then
+    run in its scan, not compiled a second time outside it), unless that would make it
+    unlowerable (standing for a host op: the instance ``refused``); then it takes back
+    what it can. The statement instances run in the same order either way."""
+    before, loop, after = _skewed_loop_with_peeled_iterations()
+    expected = _interpreted(_loop(c0, 0, 1, *before, loop, *after), {})
+    cases = ((None, ["A", "E"]), (("T", (3,)), ["A", "T", "E"]), (("S", (0,)), ["A", "S", "F", "E"]))
+    for refused, outside in cases:
+        def lowerable(candidate: ast.Loop, refused: tuple | None = refused) -> bool:
+            return refused not in _interpreted(_loop(c0, 0, 1, candidate), {})
+        body = _with_peeled_iterations((*before, loop, *after), lowerable)
+        assert [n.name for n in body if isinstance(n, ast.Stmt)] == outside
+        assert _interpreted(_loop(c0, 0, 1, *body), {}) == expected
 
 
 def test_timed_policy_measures_both_forms_then_keeps_one():

@@ -94,6 +94,24 @@ def test_peeled_iterations_go_back_into_their_loop(name):
     assert len(names) == len(set(names)), names
 
 
+def _skewed_loop_with_peeled_iterations():
+    """A loop whose body runs ``T`` at ``c1`` and ``S``, ``F`` at ``c1 + 1``, with its
+    first iteration's ``S``, ``F`` peeled before it and its last iteration's ``T`` after
+    it, as isl schedules PPO's acting loop; ``A`` and ``E`` are not the loop's."""
+    before = [_s("A"), _s("S", 0), _s("F", 0)]
+    loop = _loop(c1, 0, 3, _s("T", c1), _s("S", c1 + 1), _s("F", c1 + 1))
+    return before, loop, [_s("T", 3), _s("E")]
+
+
+def test_a_loop_takes_back_the_iterations_peeled_around_it():
+    before, loop, after = _skewed_loop_with_peeled_iterations()
+    kept_before, unpeeled, kept_after = nest.with_peeled_iterations(before, loop, after)
+    assert [s.name for s in kept_before] == ["A"] and [s.name for s in kept_after] == ["E"]
+    expected = _interpreted(_loop(c0, 0, 1, *before, loop, *after), {})
+    assert _interpreted(_loop(c0, 0, 1, *kept_before, unpeeled, *kept_after), {}) == expected
+    assert sorted(item.stmt.name for item in nest.levels_and_items(unpeeled)[1]) == ["F", "S", "T"]
+
+
 def test_flattened_iterations_of_the_program_nests():
     """Every nest of a few random programs' schedules (at the top level) flattens to the
     program's own order."""
