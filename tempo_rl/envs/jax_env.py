@@ -33,8 +33,9 @@ class JaxEnv(EnvBase):
     def __init__(self, num_envs: int, seed: int):
         super().__init__(num_envs)
         self.num_envs, self.seed = num_envs, seed
-        keys = jax.random.split(jax.random.PRNGKey(seed), num_envs)
-        obs, state = jax.vmap(self.reset_env)(keys)
+        # One jitted program: run eagerly, each of the reset's operations compiles its own.
+        obs, state = jax.jit(lambda key: jax.vmap(self.reset_env)(jax.random.split(key, num_envs)))(
+            jax.random.PRNGKey(seed))
         leaves, self._treedef = jax.tree_util.tree_flatten(state)
         self._leaf_types = [(tuple(leaf.shape[1:]), str(leaf.dtype)) for leaf in leaves]
         self._initial = (np.asarray(obs, np.float32), [np.asarray(leaf) for leaf in leaves])

@@ -71,3 +71,39 @@ def test_auto_is_jax_where_it_imports_and_numpy_where_it_does_not(monkeypatch):
     assert describe_backend("auto") == "backend: numpy (auto) on host CPU (JAX is not installed)"
     ctx, T, a = _float64_program()  # what auto compiles to runs: 64-bit values on NumPy
     np.testing.assert_array_equal(ctx.compile({T: 3}, [a]).run()[a], np.arange(3) * 1.5)
+
+
+def test_zeros_and_constants_reach_the_device_without_compiling():
+    """``jnp.zeros`` and ``jnp.asarray`` compile a program per shape (about 15 ms each on a
+    CPU); a lowered loop's initial carries and the program's constants are moved there
+    instead."""
+    import logging
+
+    import jax
+
+    from tempo.ir.graph import Op
+    from tempo.ir.types import TensorType
+    from tempo.runtime.backends import make_backend
+    from tempo.symbolic.expr import TRUE
+    backend = make_backend("jax")
+    compiled: list[str] = []
+
+    class Compiles(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Compiling"):
+                compiled.append(record.getMessage())
+    handler, logger = Compiles(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    value = np.arange(12, dtype=np.float32).reshape(3, 4)
+    const = Op(7919, "const", {"value": value}, (), (TensorType((3, 4), "float32"),), None, when=TRUE)
+    try:
+        with jax.log_compiles():
+            zeros = backend.zeros((5, 3), "int32")
+            on_device = backend.kernel(const, {"value": value}, True)({})
+    finally:
+        logger.removeHandler(handler)
+    assert compiled == []
+    assert isinstance(zeros, jax.Array) and zeros.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(zeros), np.zeros((5, 3), np.int32))
+    assert isinstance(on_device, jax.Array)
+    np.testing.assert_array_equal(np.asarray(on_device), value)
