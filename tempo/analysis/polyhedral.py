@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 
 import islpy as isl
 
@@ -37,10 +38,15 @@ def _scheduler_context() -> isl.Context:
 ISL = _scheduler_context()
 
 
+# Parsed once per text: a compile builds the same relations several times (demand on
+# concrete bounds and parametric, checks, the schedule), about 100 us a parse, and isl
+# objects are values (islpy copies what isl's operations consume).
+@lru_cache(maxsize=16384)
 def union_set(text: str) -> isl.UnionSet:
     return isl.UnionSet(text, context=ISL)
 
 
+@lru_cache(maxsize=16384)
 def union_map(text: str) -> isl.UnionMap:
     return isl.UnionMap(text, context=ISL)
 
