@@ -38,6 +38,12 @@ class Backend(Protocol):
         """The function that runs ``op`` on this backend's arrays."""
         ...
 
+    def compile_ahead(self, op: Op, static_params: dict,
+                      inputs: list[tuple[tuple[int, ...], str]]) -> Future | None:
+        """Start compiling ``op``'s kernel for inputs of these shapes and dtypes in the
+        background (None: nothing to compile)."""
+        ...
+
     def from_host(self, value: np.ndarray) -> Any:
         """A host array as this backend's value."""
         ...
@@ -117,6 +123,11 @@ class NumpyBackend:
 
     def synchronize(self, value: Any) -> None:
         """NumPy computes eagerly: nothing to wait for."""
+
+    def compile_ahead(self, op: Op, static_params: dict,
+                      inputs: list[tuple[tuple[int, ...], str]]) -> Future | None:
+        """NumPy kernels are not compiled."""
+        return None
 
     def zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         return np.zeros(shape, dtype)
@@ -286,6 +297,18 @@ class JaxBackend:
         specs = self.jax.tree_util.tree_map(  # (``BufferShape``s are shapes already)
             lambda a: self.jax.ShapeDtypeStruct(getattr(a, "shape", None) or np.shape(a), a.dtype), args)
         return _compiler_thread().submit(lambda: kernel.lower(static, *specs).compile())
+
+    def compile_ahead(self, op: Op, static_params: dict,
+                      inputs: list[tuple[tuple[int, ...], str]]) -> Future | None:
+        """Compile ``op``'s kernel (the one ``kernel(op, static_params, True)`` calls) for
+        inputs of these shapes and dtypes on the background thread of ``compile_later``;
+        a later call with such inputs finds the program compiled. None on a mesh (the
+        inputs' shardings are not known ahead) and for constants (nothing to compile)."""
+        if self.mesh is not None or op.kind == "const":
+            return None
+        kernel = self._jitted(op.kind, static_params, (), op.id)
+        specs = [self.jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in inputs]
+        return _compiler_thread().submit(lambda: kernel.lower(*specs).compile())
 
     def donatable(self, value: Any) -> bool:
         """Whether a kernel can take ``value``'s buffer over (a device array)."""

@@ -124,6 +124,8 @@ class Executable:
         compiled scans, plan templates and timings with it)."""
         self._programs: dict[int, _Programs] = {}
         """Per op with a block launcher, its compiled programs, kept across runs."""
+        self._root = root
+        self._compiled_ahead = False
         self.source = _program_source(root, [*schedule.statements, *self._lowered])
         self._program = _compile_source(self.source) if self._lowered else self._interpreted
 
@@ -145,6 +147,11 @@ class Executable:
                               self.swapped, self.windows)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
                                      self.backend, shift, self.ctx.bound_of, self._programs)
+        ahead: list[Future] = []
+        if not self._compiled_ahead:  # later runs find the kernels compiled
+            self._compiled_ahead = True
+            ahead = _compile_ahead(self._root, self.schedule, self.graph, stores, self.bounds,
+                                   self.backend, namespace)
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
         batched = _batched_point_ops(self.schedule, stores, self.bounds, shift) if self._lowered else {}
@@ -167,6 +174,8 @@ class Executable:
                 launch.bind({}, {}, {})
             for programs in self._programs.values():  # (a run that stopped early)
                 programs.cancel_waiting()
+            for future in ahead:  # kernels of statements the run did not reach
+                future.cancel()
         return Results({rt.key: self._gather(rt, stores, stopped) for rt in self.outputs}, stopped)
 
     def execution_order(self) -> list[tuple[str, Op, tuple[int, ...]]]:
@@ -269,6 +278,74 @@ def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[
         else:
             table[name] = _free(op, stmt.freed, stores)
     return table
+
+
+def _compile_ahead(root: ast.Node, schedule: Schedule, graph: SDG, stores: dict, bounds: dict[Symbol, int],
+                   backend: Backend, namespace: dict[str, Callable]) -> list[Future]:
+    """Start compiling the kernels of the statements the program launches one by one
+    (outside lowered loops), on the backend's background thread, in the order the program
+    first reaches them; each such statement's first launch waits for its kernel's compile
+    if it has begun, and takes it over if not. The program's own thread meanwhile goes on
+    (compiling a lowered loop's scan: PPO's first iteration compiles the acting and update
+    scans while the kernels after them compile). Only kernels whose inputs are stored
+    points as they are (shapes known from the types) are compiled ahead."""
+    futures = []
+    seen = set()
+    for node in ast.statements(root):
+        stmt = schedule.statements.get(node.name)  # (not a lowered loop's statement)
+        if stmt is None or stmt.kind != "exec" or node.name in seen:
+            continue
+        seen.add(node.name)
+        op = stmt.op
+        inputs = _kernel_inputs(op, graph.in_edges(op), stores, bounds)
+        future = None if inputs is None else \
+            backend.compile_ahead(op, resolve_params(op.params, bounds), inputs)
+        if future is not None:
+            futures.append(future)
+            namespace[node.name] = _after_compiling(future, namespace[node.name])
+    return futures
+
+
+def _kernel_inputs(op: Op, edges: list[Edge], stores: dict,
+                   bounds: dict[Symbol, int]) -> list[tuple[tuple[int, ...], str]] | None:
+    """The shapes and dtypes ``op``'s device launcher calls its jitted kernel with, where
+    they are known before the run: a kernel with static shapes and params reading points
+    of point stores and slices of point stores or of host block buffers (a slice's rows
+    where the edge wants them, ``Edge.rows_at``), writing no device block buffer. Else
+    None."""
+    if op.definition.host or op.kind in ("merge", "sum_readers", "const") \
+            or param_symbols(op.params) & set(op.domain) or not has_static_shapes(op, edges, set(bounds)) \
+            or any(_device_blocks(stores[(op.id, k)]) for k in range(len(op.outputs))):
+        return None
+    inputs = []
+    for edge in edges:
+        store = _source_store(edge, stores)
+        t = edge.src.outputs[edge.src_out]
+        shape = [int(d.evaluate(bounds)) for d in t.shape]
+        sizes = [int(edge.phi[k].size.evaluate(bounds)) for k in edge.slices]
+        if not sizes and type(store) is not PointStore:
+            return None
+        if len(sizes) == 1 and type(store) in (PointStore, BlockStore, WindowStore) \
+                and not _device_blocks(store):
+            shape.insert(edge.rows_at, sizes[0])
+        elif len(sizes) > 1 and type(store) is PointStore and not edge.rows_at:
+            shape = [*sizes, *shape]
+        elif sizes:
+            return None
+        inputs.append((tuple(shape), t.dtype))
+    return inputs
+
+
+def _after_compiling(future: Future, launch: Callable) -> Callable:
+    """``launch``, whose first call waits for ``future`` (a kernel compiling ahead), or
+    cancels it if it has not begun (the call then compiles the kernel itself)."""
+    pending = [future]
+
+    def launch_after_compile(point: tuple[int, ...]) -> None:
+        if pending and not pending.pop().cancel():
+            future.exception()  # wait; a compile that failed ahead fails again in the launch
+        launch(point)
+    return launch_after_compile
 
 
 def _free(op: Op, outputs: tuple[int, ...], stores: dict) -> Callable:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import islpy as isl
@@ -87,6 +87,21 @@ def guarded_items(node: Node, guard: tuple = ()) -> list[tuple[Stmt | Loop, tupl
     if node.orelse is not None:
         items += guarded_items(node.orelse, (*guard, ~node.cond))
     return items
+
+
+def statements(node: Node) -> Iterator[Stmt]:
+    """The statements of ``node`` in text order, those of loops and branches included."""
+    if isinstance(node, Stmt):
+        yield node
+    elif isinstance(node, Seq):
+        for child in node.body:
+            yield from statements(child)
+    elif isinstance(node, Loop):
+        yield from statements(node.body)
+    else:
+        yield from statements(node.then)
+        if node.orelse is not None:
+            yield from statements(node.orelse)
 
 
 def range_stop(loop: Loop) -> Expr | None:

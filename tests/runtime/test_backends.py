@@ -107,3 +107,58 @@ def test_zeros_and_constants_reach_the_device_without_compiling():
     np.testing.assert_array_equal(np.asarray(zeros), np.zeros((5, 3), np.int32))
     assert isinstance(on_device, jax.Array)
     np.testing.assert_array_equal(np.asarray(on_device), value)
+
+
+def _whole_rows_program():
+    """Over (i, t): a recurrence over t whose rows are read whole at every i (a slice of a
+    block store), a point read of the last row, and a recurrence over i."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    rng = np.random.default_rng(0)
+    with ctx:
+        x = tp.const(rng.uniform(-1, 1, (4, 6, 3)).astype(np.float32))[i, t]
+        h = tp.placeholder(shape=(3,), dtype="float32", domain=(i,))
+        s = tp.placeholder(shape=(3,), dtype="float32", domain=(i, t))
+        s[t == 0] = x + h
+        s[True] = (s[i, t - 1] * 0.5 + x).tanh()
+        total = s[i, 0:T].sum(0) + s[i, T - 1]
+        h[0] = x[0, 0]
+        h[i + 1] = (h[i] + total[i] * 0.1).tanh()
+    return ctx, {I: 4, T: 6}, [s, total, h]
+
+
+@pytest.mark.parametrize("loops", ["interpreted", "lowered"])
+def test_kernels_compiled_ahead_get_the_inputs_they_were_compiled_for(monkeypatch, loops):
+    """The first run compiles the kernels of statements launched one by one in the
+    background (``Executable._compile_ahead``), for the input shapes and dtypes the types
+    say; every launch of such a kernel gets exactly those (else the program compiled
+    ahead would never be used), and the values are the reference evaluator's."""
+    from tempo.reference import evaluate
+    from tempo.runtime.backends import JaxBackend
+    ahead: dict[int, list] = {}
+    calls: dict[int, list] = {}
+    compile_ahead, jitted = JaxBackend.compile_ahead, JaxBackend._jitted
+
+    def recording_ahead(self, op, static_params, inputs):
+        ahead[op.id] = [(tuple(shape), np.dtype(dtype)) for shape, dtype in inputs]
+        return compile_ahead(self, op, static_params, inputs)
+
+    def recording_jitted(self, kind, params, donate=(), op_id=None):
+        kernel = jitted(self, kind, params, donate, op_id)
+
+        def call(*xs):
+            calls.setdefault(op_id, []).append([(tuple(np.shape(x)), np.dtype(x.dtype)) for x in xs])
+            return kernel(*xs)
+        return call
+    monkeypatch.setattr(JaxBackend, "compile_ahead", recording_ahead)
+    monkeypatch.setattr(JaxBackend, "_jitted", recording_jitted)
+    ctx, bounds, outputs = _whole_rows_program()
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy(loops))
+    got = exe.run()
+    ref = evaluate(ctx, bounds, outputs)
+    for rt in outputs:
+        np.testing.assert_allclose(got[rt], ref[rt.key], rtol=1e-5, atol=1e-6)
+    launched = {op_id: shapes for op_id, shapes in calls.items() if op_id in ahead}
+    assert launched and any(len(shape) > 1 for shapes in ahead.values() for shape, _ in shapes)
+    for op_id, shapes in launched.items():
+        assert all(call == ahead[op_id] for call in shapes), (exe.graph.ops[op_id].name, ahead[op_id], shapes)
