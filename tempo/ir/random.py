@@ -60,6 +60,10 @@ def random_bits(xp: Any, seed: int, key: int, coords: Any, size: int,
     over that dim costs one encryption."""
     u32 = xp.uint32
     rows = coords is not None and coords.ndim == 2
+    # Over a device mesh the rows may be split: a shared column taken from row 0 would be
+    # sent to every device at each draw (an all-reduce in every step of an acting scan),
+    # so each row folds its own copy (the same words: the column is the same in each row).
+    shared = 0 if getattr(xp, "mesh_key", None) is not None else shared
     with _wrapping(xp):
         k = (u32(seed & 0xFFFFFFFF), u32(key & 0xFFFFFFFF))
         if seed >> 32:  # seeds beyond 32 bits: the high word folded in too

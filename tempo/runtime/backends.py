@@ -167,12 +167,15 @@ class JaxBackend:
         """The array module kernels are traced with."""
         self._many_processes = jax.process_count() > 1
         self.one_at_a_time = self.on_cpu and mesh is not None and mesh.size > 1
-        """Every kernel returns once its outputs are computed. Over several CPU devices,
-        XLA runs each device's part of a program on a shared thread pool, and a collective
-        (a sum over ``b``) waits for every part: with several programs in flight the
-        pool's threads can all be waiting in one program's collective for parts queued
-        behind them, and XLA aborts the process after 40 s (seen with 4 forced devices on
-        2 cores, from 50 all-reduces dispatched without waiting)."""
+        """A program holding a collective returns once its outputs are computed. Over
+        several CPU devices, XLA runs each device's part of a program on a shared thread
+        pool, and a collective (a sum over ``b``) waits for every part: with several such
+        programs in flight the pool's threads can all be waiting in one program's
+        collective for parts queued behind another's, and XLA aborts the process after
+        40 s (seen with 4 forced devices on 2 cores, from 50 all-reduces dispatched
+        without waiting). Programs without collectives never wait inside, so they are
+        dispatched as usual (``holds_collectives``)."""
+        self._collectives: dict[tuple, bool] = {}
         self._by_op: dict[tuple, Callable] = {}
         # Indexing a device array from Python costs 40 us (a slice) to 250 us (a gather);
         # these jitted forms about 9 us.
@@ -196,9 +199,33 @@ class JaxBackend:
         ``r[t:T]`` ops compiled three programs per step, about 5 MB of RSS each, until tiling
         makes those shapes static."""
         launch = self._kernel(op, static_params, static_shapes, donate)
-        if not self.one_at_a_time:
-            return launch
-        return lambda params, *xs: self._settled(launch(params, *xs))
+        if not self.one_at_a_time or op.kind == "const" or not static_shapes:
+            return launch  # (a constant is on the device already; NumPy runs at once)
+        if static_params is None:
+            return lambda params, *xs: self._settled(launch(params, *xs))
+        jitted = self._jitted(op.kind, static_params, donate, op.id)
+
+        def launch_one_collective_at_a_time(params: dict, *xs: Any) -> Any:
+            collective = self._holds_collective_for(jitted, xs)
+            out = launch(params, *xs)
+            return self.jax.block_until_ready(out) if collective else out
+        return launch_one_collective_at_a_time
+
+    def holds_collectives(self, compiled: Any) -> bool:
+        """Whether compiled program ``compiled`` (``jax.stages.Compiled``) communicates
+        between devices: such programs run one at a time (``one_at_a_time``)."""
+        text = compiled.as_text()
+        return any(name in text for name in COLLECTIVES)
+
+    def _holds_collective_for(self, jitted: Callable, args: tuple) -> bool:
+        """Whether ``jitted``'s program for arguments like ``args`` (shapes, dtypes and
+        placement) holds a collective; found once per kind of arguments, from the program
+        the call compiles (JAX keeps it, so the call that follows does not compile)."""
+        key = (jitted, *((np.shape(x), x.dtype, getattr(x, "sharding", None)) for x in args))
+        found = self._collectives.get(key)
+        if found is None:
+            found = self._collectives[key] = self.holds_collectives(jitted.lower(*args).compile())
+        return found
 
     def _kernel(self, op: Op, static_params: dict | None, static_shapes: bool,
                 donate: tuple[int, ...]) -> DeviceKernel:
@@ -464,6 +491,10 @@ class XlaNamespace:
             return np.argsort(np.asarray(values), axis=axis, kind=kind).astype(np.int32)
         result = self._jax.ShapeDtypeStruct(x.shape, self._jnp.int32)
         return self._jax.pure_callback(sort, result, x)
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+"""XLA's instructions that communicate between devices (in a compiled program's text)."""
 
 
 @functools.cache

@@ -212,13 +212,16 @@ class LoopLauncher:
         self.interpret = _interpreter(lowerable.interpreted, [v.name for v in outer])
         self.traced: dict[tuple, Callable] = {}
         """Compiled scans by plan signature."""
+        self.collective: dict[tuple, bool] = {}
+        """Per plan signature, whether the scan communicates between devices (then it runs
+        alone: ``JaxBackend.one_at_a_time``)."""
         self.timings = 0
         self.last_form = ""
         self.stores: dict = {}
         self.namespace: dict[str, Callable] = {}
-        self.wait_for_outputs = backend.one_at_a_time
-        """A lowered entry returns once its outputs are computed (set by the profiler, and
-        on a backend that runs one program at a time)."""
+        self.wait_for_outputs = False
+        """A lowered entry returns once its outputs are computed (set by the profiler; a
+        scan that holds a collective over several CPU devices always does)."""
         self._compiling = 0.0
 
     def bind(self, stores: dict, namespace: dict[str, Callable], batched: dict[str, Callable]) -> None:
@@ -226,7 +229,7 @@ class LoopLauncher:
         form calls) and its batched point ops."""
         self.stores, self.namespace = stores, namespace
         self.planner.bind(stores, batched)
-        self.wait_for_outputs = self.backend.one_at_a_time
+        self.wait_for_outputs = False
 
     def __call__(self, outer: tuple[int, ...]) -> None:
         self.choice.entries += 1
@@ -321,8 +324,10 @@ class LoopLauncher:
             self._compiling = time.perf_counter() - begin
             self.choice.compile_seconds += self._compiling
             self.traced[plan.signature] = fn
+            backend = self.backend
+            self.collective[plan.signature] = backend.one_at_a_time and backend.holds_collectives(fn)
         last, outputs = fn(*args)
-        if self.wait_for_outputs:
+        if self.wait_for_outputs or self.collective[plan.signature]:
             self.backend.synchronize((last, outputs))
         for key in plan.finals:  # the one kept point, made at the last iteration
             self.stores[key].write(plan.made[key].kept[1][0], last[key])

@@ -212,17 +212,19 @@ class PointStore:
         return arrays.stack(values).reshape(sizes + tuple(present.shape))
 
     def _joined(self, points: list[tuple[int, ...]], arrays: Any) -> Any:
-        """The values at ``points``, stacked: each run of consecutive rows of one stacked
-        array (a lowered loop's output) sliced out at once, the other points stacked."""
+        """The values at ``points``, stacked: each run of points that are rows of one
+        stacked array (a lowered loop's output) taken out at once (a slice where the rows
+        are consecutive, else one gather: a backward loop's rows, read forward, are in
+        reverse order), the other points stacked."""
         rows, parts, singles = self.data.rows, [], []
-        run: list = []  # [stacked values, first row, count]
+        run: list = []  # [stacked values, its rows]
         for point in points:
             entry = rows.get(point)
-            if entry is not None and run and entry[0] is run[0] and entry[1] == run[1] + run[2]:
-                run[2] += 1
+            if entry is not None and run and entry[0] is run[0]:
+                run[1].append(entry[1])
                 continue
             if run:
-                parts.append(arrays.rows(run[0], run[1], run[2]))
+                parts.append(_rows_of(arrays, *run))
                 run = []
             if entry is None:
                 singles.append(self.data[point])
@@ -230,9 +232,9 @@ class PointStore:
             if singles:
                 parts.append(arrays.stack(singles))
                 singles = []
-            run = [entry[0], entry[1], 1]
+            run = [entry[0], [entry[1]]]
         if run:
-            parts.append(arrays.rows(run[0], run[1], run[2]))
+            parts.append(_rows_of(arrays, *run))
         if singles:
             parts.append(arrays.stack(singles))
         return parts[0] if len(parts) == 1 else arrays.concatenate(parts)
@@ -268,6 +270,14 @@ class PointStore:
         return self.point_bytes if self.point_bytes is not None else values.nbytes // max(1, values.shape[0])
 
 
+def _rows_of(arrays: Any, values: Any, rows: list[int]) -> Any:
+    """Rows ``rows`` of stacked ``values``: a slice where they are consecutive, else a
+    gather."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return arrays.rows(values, rows[0], len(rows))
+    return arrays.take(values, np.asarray(rows))
+
+
 class HostArrays:
     """Stacking for readers that run on the host: stored values (device arrays too) as
     NumPy arrays (``to_host``: the backend's). A stacked array's rows are sliced from its
@@ -279,6 +289,9 @@ class HostArrays:
 
     def rows(self, values: Any, start: int, count: int) -> np.ndarray:
         return self.to_host(values)[start:start + count]
+
+    def take(self, values: Any, rows: np.ndarray) -> np.ndarray:
+        return self.to_host(values)[rows]
 
     def stack(self, values: list[Any]) -> np.ndarray:
         return np.stack([self.to_host(v) for v in values])

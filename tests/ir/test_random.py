@@ -113,3 +113,23 @@ def test_randint_allows_powers_of_two_and_small_remainders():
         tp.randint(0, 2 ** 31, (3,))       # divides 2**32: no value favoured
         tp.randint(0, 2 ** 31 - 1, (3,))   # 2 of 2**31 - 1 values favoured by 2**-31
         tp.randint(-5, 60_000, (3,))
+
+
+def test_rows_of_a_draw_over_a_mesh_fold_their_own_shared_coordinates():
+    """One draw per row of coordinates whose first columns are the same in every row:
+    without a mesh they are folded once (from row 0); over a device mesh each row folds
+    its own (row 0 would be sent to every device at each draw). The words are the same,
+    and the same as with nothing shared."""
+
+    class OnAMesh:  # NumPy, as a namespace traced over a mesh is
+        mesh_key = (("b",), (0, 1))
+
+        def __getattr__(self, name):
+            return getattr(np, name)
+    rows = np.array([[7, 3, b] for b in range(5)], U32)  # (iteration, step, env) per row
+    once = random.random_bits(np, 11, 5, rows, 4, shared=2, counted=True)
+    each = random.random_bits(OnAMesh(), 11, 5, rows, 4, shared=2, counted=True)
+    plain = random.random_bits(np, 11, 5, rows, 4, shared=0, counted=True)
+    for a, b, c in zip(once, each, plain):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)

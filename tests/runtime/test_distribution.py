@@ -72,10 +72,16 @@ VALUES = PROGRAM + textwrap.dedent("""
                        ("two", tp.Distribution(devices=2))]:
         exe = ctx.compile(bounds, outputs, backend="jax", distribution=dist)
         got = exe.run()
+        # per program run one at a time or not: those holding a collective (the sum over
+        # b of the gradient) and the others
+        waits = [*exe.backend._collectives.values(),
+                 *(w for launch in exe._launchers.values() for w in launch.collective.values())]
         out[name] = {"values": [np.asarray(got[rt]).tolist() for rt in outputs],
                      "split_peak": exe.stats.split.run_peak,
                      "device_peak": exe.stats.peak_device_bytes,
-                     "shards": kinds(exe).count("shard")}
+                     "shards": kinds(exe).count("shard"),
+                     "one_at_a_time": exe.backend.one_at_a_time,
+                     "collective_programs": waits.count(True), "other_programs": waits.count(False)}
     print(json.dumps(out))
 """)
 
@@ -143,6 +149,16 @@ def test_split_run_places_values_on_the_mesh(split_runs, devices):
     run = split_runs[devices]
     assert run["shards"] > 0, "the optimized graph has no shard op"
     assert 0 < run["split_peak"] <= run["device_peak"], run
+
+
+@pytest.mark.parametrize("devices", ["four", "two"])
+def test_only_programs_holding_collectives_run_one_at_a_time(split_runs, devices):
+    """Over several CPU devices a program holding a collective runs alone (several in
+    flight deadlock in XLA's CPU collectives); the others, here the recurrence over t in
+    each env, are dispatched as on one device."""
+    run = split_runs[devices]
+    assert run["one_at_a_time"]
+    assert run["collective_programs"] > 0 and run["other_programs"] > 0, run
 
 
 def test_one_device_run_splits_nothing(split_runs):

@@ -334,6 +334,32 @@ def test_a_block_stores_rows_stack_as_one_copy():
     assert store.stacked([(2, 0)]) is None and store.stacked([]) is None
 
 
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_slice_of_rows_a_backward_loop_stacked_is_one_gather(monkeypatch, backend):
+    """A backward loop's outputs are stacked in reverse order of their points: a forward
+    slice of them is one gather of the stacked array (was one slice per point); points of
+    another array and single points join it."""
+    from tempo.runtime.backends import make_backend
+    from tempo.runtime.stores import MemoryStats, PointStore
+    arrays = make_backend(backend)
+    calls: list[str] = []
+    for name in ("take", "rows", "stack"):
+        original = getattr(arrays, name)
+        monkeypatch.setattr(arrays, name, lambda *a, name=name, original=original: (calls.append(name),
+                                                                                     original(*a))[1])
+    store = PointStore(arrays, MemoryStats(), lambda sizes: np.zeros(sizes))
+    stacked = np.arange(12, dtype=np.float32).reshape(6, 2)  # row n holds point 5 - n
+    store.write_rows([(0, 5 - n) for n in range(6)], stacked, list(range(6)))
+    store.write((0, 6), np.full(2, -1, np.float32))
+    got = store.read((0, slice(0, 7)))
+    expected = np.concatenate([stacked[::-1], np.full((1, 2), -1, np.float32)])
+    np.testing.assert_array_equal(np.asarray(got), expected)
+    assert calls == ["take", "stack"]
+    calls.clear()
+    np.testing.assert_array_equal(np.asarray(store.read((0, slice(2, 5)))), stacked[3:0:-1])
+    assert calls == ["take"]
+
+
 def windows_and_sums_program():
     """A backward window and an anti-causal sum (block stores) over ``(i, t)``."""
     ctx = tp.Context(dims=("i", "t"))
