@@ -167,15 +167,20 @@ def _large_axes(t: TensorType) -> list[int] | None:
     return [k for k, d in enumerate(t.shape) if d.value != 1]
 
 
-def contraction_steps(operand: TensorType, index: int, transposed: bool, size: int
-                      ) -> list[tuple[str, dict]]:
+def contraction_steps(operand: TensorType, index: int, transposed: bool, size: int,
+                      split_rows: bool = False) -> list[tuple[str, dict]]:
     """The layout ops that turn ``size`` stacked values of a contracted matmul's operand
     ``index`` (type ``operand`` per point; each value holds it, or its transpose when
     ``transposed``, with unit axes anywhere) into the ``(m, N k)`` (operand 0) or
     ``(N k, n)`` (operand 1) matrix whose product sums the ``N`` products. Values that
     hold the contracted axis first are reshaped (no copy); the others are permuted (a
-    copy)."""
+    copy). ``split_rows``: the values' contracted axis ``k`` may be split over devices (a
+    distributed program's env rows): it becomes the major part of the merged axis, ``(k
+    N)``, which XLA keeps split (each device sums its own rows, then one all-reduce); a
+    split ``k`` inside ``(N k)`` is gathered whole onto every device first."""
     a, b = (d.value for d in operand.shape)
+    if split_rows:
+        return _rows_first_steps(a, b, index, transposed, size)
     outer, inner = (b, a) if transposed else (a, b)  # the value's two axes, in its order
     if (index == 0) == transposed:  # the contracted axis k is the value's first
         steps = [("reshape", {"shape": (const(size * outer), const(inner))})]
@@ -186,3 +191,18 @@ def contraction_steps(operand: TensorType, index: int, transposed: bool, size: i
                         ("reshape", {"shape": (const(outer), const(size * inner))})]
     return steps + [("permute", {"dims": (0, 2, 1)}),
                     ("reshape", {"shape": (const(size * inner), const(outer))})]
+
+
+def _rows_first_steps(a: int, b: int, index: int, transposed: bool, size: int) -> list[tuple[str, dict]]:
+    """``contraction_steps`` with the merged axis ``(k N)``: the ``N`` stacked values
+    (the operand ``(a, b)``, or its transpose) permuted so that ``k`` leads and ``N``
+    follows it, then merged."""
+    value = (b, a) if transposed else (a, b)  # the value's two axes, in its order
+    k_axis = 1 if (index == 0) == transposed else 2  # where k is in the stacked (N, *value)
+    other = 3 - k_axis
+    k, rest = value[k_axis - 1], value[other - 1]
+    if index == 0:  # (m, k N)
+        return [("permute", {"dims": (other, k_axis, 0)}),
+                ("reshape", {"shape": (const(rest), const(k * size))})]
+    return [("permute", {"dims": (k_axis, 0, other)}),
+            ("reshape", {"shape": (const(k * size), const(rest))})]

@@ -110,7 +110,7 @@ def _vectorize(graph: SDG, state: PassState, dim: Symbol, size: int) -> tuple[SD
               and graph.in_edges(op)[0].src.id in chosen
               and sums_every_point(op, graph.in_edges(op)[0], dim, size, state.bounds)}
     out = _Rewriter(graph, dim, size, state.bounds, chosen, state.next_id,
-                    contracted=contracted, summed=summed).rewrite()
+                    contracted=contracted, summed=summed, split_rows=state.sharded is not None).rewrite()
     state.next_id = max(out.ops) + 1
     out = without_unreached(out, state.keep)
     state.needed = recomputed_needed(out, state)
@@ -425,6 +425,8 @@ class StackingRewriter:
     out: SDG = field(default_factory=SDG)
     ops: dict[int, Op] = field(default_factory=dict)
     """The op of each id in the new graph."""
+    split_rows: bool = False
+    """The values' own rows may be split over devices (``contraction_steps``)."""
 
     def rewrite(self) -> SDG:
         for op in self.graph.ops.values():
@@ -478,7 +480,7 @@ class StackingRewriter:
         read, transposed = matrix_source(self.graph, original)
         edge = self._stacked_read(read)
         for kind, params in contraction_steps(input_type(original), original.sink_in, transposed,
-                                              self.size):
+                                              self.size, self.split_rows):
             edge = self._through(edge, kind, params)
         return edge
 

@@ -282,3 +282,28 @@ def test_a_program_that_does_not_schedule_vectorized_is_compiled_without_it(monk
     assert len(undone) == 1 and "vectorize" in undone[0] and "simulated" in undone[0]
     assert exe.graph is calls[1] and len(calls[1]) < len(ctx.graph.ops)  # other passes kept
     assert any(t in op.domain for op in exe.graph.ops.values() if op.kind in ("fused", "matmul"))
+
+
+@pytest.mark.parametrize("split_rows", [False, True])
+@pytest.mark.parametrize("transposed", [(False, False), (True, False), (False, True), (True, True)])
+def test_contraction_steps_make_the_matrices_whose_product_sums_the_products(transposed, split_rows):
+    """``contraction_steps`` turns N stacked values of each matmul operand (held as it is
+    or transposed) into the matrices whose product is the sum of the N products, with the
+    stacked axis inside the contracted one (``split_rows``: kept split over devices) or
+    outside it."""
+    from tempo.ir.types import TensorType
+    from tempo.passes.contract import contraction_steps
+    rng = np.random.default_rng(2 * transposed[0] + transposed[1])
+    count, m, k, n = 5, 3, 4, 2
+    operands = [rng.normal(size=(count, m, k)), rng.normal(size=(count, k, n))]
+    expected = np.einsum("tmk,tkn->mn", *operands)
+
+    def laid_out(index: int) -> np.ndarray:
+        values, flipped = operands[index], transposed[index]
+        stored = np.swapaxes(values, 1, 2) if flipped else values  # what each point holds
+        for kind, params in contraction_steps(TensorType(values.shape[1:], "float64"), index, flipped,
+                                              count, split_rows):
+            stored = np.transpose(stored, params["dims"]) if kind == "permute" else \
+                stored.reshape(tuple(int(d.value) for d in params["shape"]))
+        return stored
+    np.testing.assert_allclose(laid_out(0) @ laid_out(1), expected, rtol=1e-12)

@@ -161,6 +161,55 @@ def test_only_programs_holding_collectives_run_one_at_a_time(split_runs, devices
     assert run["collective_programs"] > 0 and run["other_programs"] > 0, run
 
 
+# A weight read at every (b, t) outside any recurrence: its gradient is one matmul
+# contracting every point's product (``tempo.passes.contract``), over the steps t laid out
+# (``vectorize``) of values whose rows are the split envs b (``parallel``).
+CONTRACTION = textwrap.dedent("""
+    import json
+    import jax
+    import numpy as np
+    import tempo as tp
+    from tempo.reference import evaluate
+    from tempo.runtime.backends import JaxBackend
+
+    gathers = []  # per program compiled: whether it gathers a split value onto every device
+    holds = JaxBackend.holds_collectives
+
+    def recording(self, compiled):
+        gathers.append("all-gather" in compiled.as_text())
+        return holds(self, compiled)
+    JaxBackend.holds_collectives = recording
+    rng = np.random.default_rng(1)
+    ctx = tp.Context(dims=("b", "t"), parallel=("b",))
+    (b, t), (B, T) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tp.const(rng.normal(size=(3, 4)).astype(np.float32), requires_grad=True)
+        x = tp.const(rng.normal(size=(8, 6, 3)).astype(np.float32))[b, t]
+        loss = ((x @ w).tanh() ** 2).sum()[0:B, 0:T].sum()
+        loss.backward()
+    bounds = {B: 8, T: 6}
+    out = {"reference": np.asarray(evaluate(ctx, bounds, [w.grad])[w.grad.key]).tolist()}
+    for devices in (4, 2):
+        gathers.clear()
+        exe = ctx.compile(bounds, [w.grad], backend="jax", distribution=tp.Distribution(devices=devices))
+        out[str(devices)] = {"grad": np.asarray(exe.run()[w.grad]).tolist(),
+                             "gathering": gathers.count(True), "collective": len(gathers)}
+    print(json.dumps(out))
+""")
+
+
+def test_a_gradient_summed_over_split_envs_gathers_nothing():
+    """The contraction's merged axis keeps the split env rows major (``split_rows``): each
+    device sums its own envs' products and one all-reduce adds the parts (with the steps
+    major, XLA gathered the whole stacked rollout onto every device first, and every
+    device computed every product). The gradient is the reference evaluator's."""
+    runs = _run_with_devices(CONTRACTION)
+    for devices in ("4", "2"):
+        np.testing.assert_allclose(runs[devices]["grad"], runs["reference"], rtol=1e-5, atol=1e-5)
+        assert runs[devices]["collective"] > 0, runs[devices]  # the all-reduce
+        assert runs[devices]["gathering"] == 0, runs[devices]
+
+
 def test_one_device_run_splits_nothing(split_runs):
     one = split_runs["one"]
     assert one["shards"] == 0
