@@ -38,10 +38,10 @@ class Backend(Protocol):
         """The function that runs ``op`` on this backend's arrays."""
         ...
 
-    def compile_ahead(self, op: Op, static_params: dict,
-                      inputs: list[tuple[tuple[int, ...], str]]) -> Future | None:
-        """Start compiling ``op``'s kernel for inputs of these shapes and dtypes in the
-        background (None: nothing to compile)."""
+    def compile_ahead(self, op: Op, static_params: dict, inputs: list[tuple[tuple[int, ...], str]],
+                      donate: tuple[int, ...] = ()) -> Future | None:
+        """Start compiling ``op``'s kernel (taking over the inputs at ``donate``) for
+        inputs of these shapes and dtypes in the background (None: nothing to compile)."""
         ...
 
     def from_host(self, value: np.ndarray) -> Any:
@@ -124,8 +124,8 @@ class NumpyBackend:
     def synchronize(self, value: Any) -> None:
         """NumPy computes eagerly: nothing to wait for."""
 
-    def compile_ahead(self, op: Op, static_params: dict,
-                      inputs: list[tuple[tuple[int, ...], str]]) -> Future | None:
+    def compile_ahead(self, op: Op, static_params: dict, inputs: list[tuple[tuple[int, ...], str]],
+                      donate: tuple[int, ...] = ()) -> Future | None:
         """NumPy kernels are not compiled."""
         return None
 
@@ -176,6 +176,8 @@ class JaxBackend:
         without waiting). Programs without collectives never wait inside, so they are
         dispatched as usual (``holds_collectives``)."""
         self._collectives: dict[tuple, bool] = {}
+        self._ahead: dict[tuple, Future] = {}
+        """The compiles ``compile_ahead`` started, by kernel and input shapes."""
         self._by_op: dict[tuple, Callable] = {}
         # Indexing a device array from Python costs 40 us (a slice) to 250 us (a gather);
         # these jitted forms about 9 us.
@@ -248,7 +250,10 @@ class JaxBackend:
         key = ("const", op_id)
         kernel = self._by_op.get(key)
         if kernel is None:
-            on_device = self._device_put(np.asarray(value))
+            # Copied first: on a CPU ``device_put`` adopts an aligned host array without
+            # copying it, and the value may be the user's array (``tp.const``).
+            own = np.array(value, copy=True)
+            on_device = self.jax.device_put(own) if self.mesh is None else self.replicated(own)
             kernel = self._by_op[key] = lambda params: on_device
         return kernel
 
@@ -325,17 +330,23 @@ class JaxBackend:
             lambda a: self.jax.ShapeDtypeStruct(getattr(a, "shape", None) or np.shape(a), a.dtype), args)
         return _compiler_thread().submit(lambda: kernel.lower(static, *specs).compile())
 
-    def compile_ahead(self, op: Op, static_params: dict,
-                      inputs: list[tuple[tuple[int, ...], str]]) -> Future | None:
-        """Compile ``op``'s kernel (the one ``kernel(op, static_params, True)`` calls) for
-        inputs of these shapes and dtypes on the background thread of ``compile_later``;
-        a later call with such inputs finds the program compiled. None on a mesh (the
-        inputs' shardings are not known ahead) and for constants (nothing to compile)."""
+    def compile_ahead(self, op: Op, static_params: dict, inputs: list[tuple[tuple[int, ...], str]],
+                      donate: tuple[int, ...] = ()) -> Future | None:
+        """Compile ``op``'s kernel (the one ``kernel(op, static_params, True, donate)``
+        calls) for inputs of these shapes and dtypes on a background thread (its own, so
+        that ``compile_later``'s programs do not queue behind these); a later call with
+        such inputs finds the program compiled. Kernels shared by ops of the same kind and
+        params are compiled once per shapes. None on a mesh (the inputs' shardings are not
+        known ahead) and for constants (nothing to compile)."""
         if self.mesh is not None or op.kind == "const":
             return None
-        kernel = self._jitted(op.kind, static_params, (), op.id)
-        specs = [self.jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in inputs]
-        return _compiler_thread().submit(lambda: kernel.lower(*specs).compile())
+        kernel = self._jitted(op.kind, static_params, donate, op.id)
+        key = (kernel, tuple((tuple(shape), str(dtype)) for shape, dtype in inputs))
+        future = self._ahead.get(key)
+        if future is None or future.cancelled():
+            specs = [self.jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in inputs]
+            future = self._ahead[key] = _ahead_thread().submit(lambda: kernel.lower(*specs).compile())
+        return future
 
     def donatable(self, value: Any) -> bool:
         """Whether a kernel can take ``value``'s buffer over (a device array)."""
@@ -417,12 +428,7 @@ class JaxBackend:
         """Zeros on the device, moved there from the host: ``jnp.zeros`` compiles a program
         per shape (about 15 ms each on a CPU; a lowered loop's initial carries at its first
         entry made 14 of them in PPO's first iteration)."""
-        return self._device_put(np.zeros(shape, dtype))
-
-    def _device_put(self, value: np.ndarray) -> Any:
-        """A value of ours (never changed afterwards) on the device, without compiling
-        (``jnp.asarray`` compiles a program per shape); with a mesh, on every device."""
-        return self.jax.device_put(value) if self.mesh is None else self.replicated(value)
+        return self.jax.device_put(np.zeros(shape, dtype))
 
     def take(self, values: Any, rows: Any, axis: int = 0) -> Any:
         """``values[rows]`` along ``axis``: one row (an int) or several (an index array).
@@ -493,14 +499,22 @@ class XlaNamespace:
         return self._jax.pure_callback(sort, result, x)
 
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all",
+               "collective-broadcast", "send(", "recv(")
 """XLA's instructions that communicate between devices (in a compiled program's text)."""
 
 
 @functools.cache
 def _compiler_thread() -> ThreadPoolExecutor:
-    """The one thread that compiles kernels ahead of their use (``compile_later``)."""
+    """The one thread that compiles a kernel's later shapes (``compile_later``)."""
     return ThreadPoolExecutor(1, thread_name_prefix="tempo-compile")
+
+
+@functools.cache
+def _ahead_thread() -> ThreadPoolExecutor:
+    """The one thread that compiles an executable's kernels before their first launch
+    (``compile_ahead``)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="tempo-compile-ahead")
 
 
 class _WrittenBuffer:

@@ -147,11 +147,16 @@ class Executable:
                               self.swapped, self.windows)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
                                      self.backend, shift, self.ctx.bound_of, self._programs)
-        ahead: list[Future] = []
+        ahead: list[Future] = []  # (cancelled at the end: kernels of statements not reached)
         if not self._compiled_ahead:  # later runs find the kernels compiled
             self._compiled_ahead = True
-            ahead = _compile_ahead(self._root, self.schedule, self.graph, stores, self.bounds,
-                                   self.backend, namespace)
+            try:
+                _compile_ahead(self._root, self.schedule, self.graph, stores, self.bounds,
+                               self.backend, namespace, ahead)
+            except BaseException:
+                for future in ahead:
+                    future.cancel()
+                raise
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
         batched = _batched_point_ops(self.schedule, stores, self.bounds, shift) if self._lowered else {}
@@ -281,15 +286,17 @@ def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[
 
 
 def _compile_ahead(root: ast.Node, schedule: Schedule, graph: SDG, stores: dict, bounds: dict[Symbol, int],
-                   backend: Backend, namespace: dict[str, Callable]) -> list[Future]:
+                   backend: Backend, namespace: dict[str, Callable], futures: list[Future]) -> None:
     """Start compiling the kernels of the statements the program launches one by one
     (outside lowered loops), on the backend's background thread, in the order the program
-    first reaches them; each such statement's first launch waits for its kernel's compile
-    if it has begun, and takes it over if not. The program's own thread meanwhile goes on
-    (compiling a lowered loop's scan: PPO's first iteration compiles the acting and update
-    scans while the kernels after them compile). Only kernels whose inputs are stored
-    points as they are (shapes known from the types) are compiled ahead."""
-    futures = []
+    first reaches them (into ``futures``); each such statement's first launch waits for
+    its kernel's compile if it has begun, and takes it over if not. The program's own
+    thread meanwhile goes on (compiling a lowered loop's scan: PPO's first iteration
+    compiles the acting and update scans while the kernels after them compile). Only
+    kernels whose inputs are stored points as they are (shapes known from the types) are
+    compiled ahead; a statement that donates inputs also gets the kernel donating all it
+    may (its first launch often donates nothing: an initial value is held by the constant
+    it came from too; later ones donate)."""
     seen = set()
     for node in ast.statements(root):
         stmt = schedule.statements.get(node.name)  # (not a lowered loop's statement)
@@ -297,22 +304,29 @@ def _compile_ahead(root: ast.Node, schedule: Schedule, graph: SDG, stores: dict,
             continue
         seen.add(node.name)
         op = stmt.op
-        inputs = _kernel_inputs(op, graph.in_edges(op), stores, bounds)
-        future = None if inputs is None else \
-            backend.compile_ahead(op, resolve_params(op.params, bounds), inputs)
-        if future is not None:
-            futures.append(future)
-            namespace[node.name] = _after_compiling(future, namespace[node.name])
-    return futures
+        edges = graph.in_edges(op)
+        inputs = _kernel_inputs(op, edges, stores, bounds)
+        if inputs is None:
+            continue
+        donate = tuple(k for k, e in enumerate(edges)  # device values: a host op's stay NumPy
+                       if schedule.last_reads.get(e, FALSE) is not FALSE and not e.src.definition.host
+                       and type(_source_store(e, stores)) is PointStore)
+        params = resolve_params(op.params, bounds)
+        variants = ((), donate) if donate else ((),)
+        started = [future for given in variants
+                   if (future := backend.compile_ahead(op, params, inputs, given)) is not None]
+        if started:
+            futures.extend(started)
+            namespace[node.name] = _after_compiling(started, namespace[node.name])
 
 
 def _kernel_inputs(op: Op, edges: list[Edge], stores: dict,
                    bounds: dict[Symbol, int]) -> list[tuple[tuple[int, ...], str]] | None:
     """The shapes and dtypes ``op``'s device launcher calls its jitted kernel with, where
     they are known before the run: a kernel with static shapes and params reading points
-    of point stores and slices of point stores or of host block buffers (a slice's rows
-    where the edge wants them, ``Edge.rows_at``), writing no device block buffer. Else
-    None."""
+    of point stores and of host block buffers, and slices of point stores or of host
+    block buffers (a slice's rows where the edge wants them, ``Edge.rows_at``), writing
+    no device block buffer. Else None."""
     if op.definition.host or op.kind in ("merge", "sum_readers", "const") \
             or param_symbols(op.params) & set(op.domain) or not has_static_shapes(op, edges, set(bounds)) \
             or any(_device_blocks(stores[(op.id, k)]) for k in range(len(op.outputs))):
@@ -320,13 +334,12 @@ def _kernel_inputs(op: Op, edges: list[Edge], stores: dict,
     inputs = []
     for edge in edges:
         store = _source_store(edge, stores)
+        if type(store) not in (PointStore, BlockStore, WindowStore) or _device_blocks(store):
+            return None
         t = edge.src.outputs[edge.src_out]
         shape = [int(d.evaluate(bounds)) for d in t.shape]
         sizes = [int(edge.phi[k].size.evaluate(bounds)) for k in edge.slices]
-        if not sizes and type(store) is not PointStore:
-            return None
-        if len(sizes) == 1 and type(store) in (PointStore, BlockStore, WindowStore) \
-                and not _device_blocks(store):
+        if len(sizes) == 1:
             shape.insert(edge.rows_at, sizes[0])
         elif len(sizes) > 1 and type(store) is PointStore and not edge.rows_at:
             shape = [*sizes, *shape]
@@ -336,14 +349,17 @@ def _kernel_inputs(op: Op, edges: list[Edge], stores: dict,
     return inputs
 
 
-def _after_compiling(future: Future, launch: Callable) -> Callable:
-    """``launch``, whose first call waits for ``future`` (a kernel compiling ahead), or
-    cancels it if it has not begun (the call then compiles the kernel itself)."""
-    pending = [future]
+def _after_compiling(futures: list[Future], launch: Callable) -> Callable:
+    """``launch``, whose first calls each wait for one of ``futures`` (its kernels
+    compiling ahead, in the order they were started), or cancel it if it has not begun
+    (the call then compiles what it needs itself)."""
+    pending = list(reversed(futures))
 
     def launch_after_compile(point: tuple[int, ...]) -> None:
-        if pending and not pending.pop().cancel():
-            future.exception()  # wait; a compile that failed ahead fails again in the launch
+        if pending:
+            future = pending.pop()
+            if not future.cancel():
+                future.exception()  # wait; a compile that failed ahead fails again in the launch
         launch(point)
     return launch_after_compile
 

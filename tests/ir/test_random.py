@@ -133,3 +133,11 @@ def test_rows_of_a_draw_over_a_mesh_fold_their_own_shared_coordinates():
     for a, b, c in zip(once, each, plain):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+    # Which row the mesh reads: with columns that differ between rows (outside the
+    # contract, to tell the two apart), each row's own words, not row 0's.
+    rows[:, 0] = np.arange(5)
+    each = random.random_bits(OnAMesh(), 11, 5, rows, 4, shared=2, counted=True)
+    plain = random.random_bits(np, 11, 5, rows, 4, shared=0, counted=True)
+    once = random.random_bits(np, 11, 5, rows, 4, shared=2, counted=True)
+    np.testing.assert_array_equal(each[0], plain[0])
+    assert (each[0][1:] != once[0][1:]).any()
