@@ -277,7 +277,7 @@ class JaxBackend:
         return kernel
 
     def block_kernel(self, op: Op, params: dict, inputs: int, slices: tuple[tuple[int, int], ...],
-                     writes: tuple[tuple[int, int, int], ...] = (),
+                     writes: tuple[tuple[int, int], ...] = (),
                      shared: tuple[tuple[int, int], ...] = ()) -> Callable:
         """``op``'s kernel (of ``inputs`` inputs) reading and writing device block stores'
         buffers itself: ``fn(rows, *inputs, *buffers, *rows_written)``. The inputs at
@@ -285,10 +285,10 @@ class JaxBackend:
         buffers whose rows lie along ``axis``, sliced inside the compiled kernel (``rows``:
         the static row count of each slice): XLA reads the rows where they are instead of
         a separate program copying them out first (a decoder's attention reads ``k[0:t+1]``
-        at every position). For each of ``writes`` (``(output, axis, copies)``) a buffer
-        follows the inputs, and after the buffers ``copies`` rows of each: the kernel writes
-        that output into the buffer at those rows, takes the buffer over, and returns
-        ``(outputs, buffers)`` (one launch instead of one more per written row). An input
+        at every position). For each of ``writes`` (``(output, axis)``) a buffer follows
+        the inputs, and after the buffers the row of each to write: the kernel writes that
+        output into the buffer at that row, takes the buffer over, and returns ``(outputs,
+        buffers)`` (one launch instead of one more per written row). An input
         of ``shared`` (``(position, write)``) is the first row only, of the buffer of
         ``writes[write]``: the ``put_row`` members reading it write the row there first and
         read the rows from the written buffer (``tempo.passes.newest``)."""
@@ -304,8 +304,8 @@ class JaxBackend:
             def run(rows: tuple[int, ...], *args: Any) -> Any:
                 xs = list(args[:inputs])
                 at = iter(args[inputs + len(writes):])
-                buffers = [_WrittenBuffer(jax.lax, block, axis, [next(at) for _ in range(copies)], on_cpu)
-                           for block, (_, axis, copies) in zip(args[inputs:inputs + len(writes)], writes)]
+                buffers = [_WrittenBuffer(jax.lax, block, axis, next(at), on_cpu)
+                           for block, (_, axis) in zip(args[inputs:inputs + len(writes)], writes)]
                 for (position, axis), count in zip(slices, rows):
                     if position in in_buffer:
                         xs[position] = _RowsToPut(buffers[in_buffer[position]], xs[position], count)
@@ -316,7 +316,7 @@ class JaxBackend:
                 if not writes:
                     return outs
                 outs = tuple(outs) if multi else (outs,)
-                return outs, tuple(buffer.written(outs[out]) for buffer, (out, _, _) in zip(buffers, writes))
+                return outs, tuple(buffer.written(outs[out]) for buffer, (out, _) in zip(buffers, writes))
             donate = tuple(range(1 + inputs, 1 + inputs + len(writes)))
             kernel = cache[key] = jax.jit(run, static_argnums=0, donate_argnums=donate)
         return kernel
@@ -518,15 +518,15 @@ def _ahead_thread() -> ThreadPoolExecutor:
 
 
 class _WrittenBuffer:
-    """A buffer a block kernel writes its point's row into, at ``slots`` along ``axis``:
+    """A buffer a block kernel writes its point's row into, at ``slot`` along ``axis``:
     once, by the first ``put_row`` reading it (``_RowsToPut``), or at the end."""
 
-    def __init__(self, lax: Any, block: Any, axis: int, slots: list[Any], on_cpu: bool):
-        self.lax, self.block, self.axis, self.slots, self.on_cpu = lax, block, axis, slots, on_cpu
+    def __init__(self, lax: Any, block: Any, axis: int, slot: Any, on_cpu: bool):
+        self.lax, self.block, self.axis, self.slot, self.on_cpu = lax, block, axis, slot, on_cpu
         self.done = False
 
     def written(self, row: Any, read_after: bool = False) -> Any:
-        """The buffer with ``row`` at its slots. ``read_after``: the kernel reads the
+        """The buffer with ``row`` at its slot. ``read_after``: the kernel reads the
         written buffer too. On a CPU the write is then a conditional (always taken): XLA's
         CPU fusion would otherwise copy the update into each reader, and each copy of an
         in-place update copies the whole buffer first (a batch-1 decoder, four layers,
@@ -534,10 +534,8 @@ class _WrittenBuffer:
         Not measured on an accelerator, which gets the plain update."""
         if not self.done:
             def put(block: Any) -> Any:
-                for slot in self.slots:
-                    block = self.lax.dynamic_update_index_in_dim(block, row, slot, self.axis)
-                return block
-            self.block = self.lax.cond(self.slots[0] >= 0, put, lambda block: block, self.block) \
+                return self.lax.dynamic_update_index_in_dim(block, row, self.slot, self.axis)
+            self.block = self.lax.cond(self.slot >= 0, put, lambda block: block, self.block) \
                 if read_after and self.on_cpu else put(self.block)
             self.done = True
         return self.block

@@ -818,9 +818,8 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             xs[k] = np.int32(start) if k in in_buffer else (block, np.int32(start))
         return (*xs, *buffers, *(np.int32(row) for row in slots))
 
-    def make_kernel(copies: tuple[int, ...]) -> Callable:
-        writes = tuple((k, stores[(op.id, k)].rows_axis, n) for k, n in zip(written, copies))
-        return backend.block_kernel(op, params, len(edges), slices, writes, shared)
+    buffer_kernel = backend.block_kernel(op, params, len(edges), slices,
+                                          tuple((k, stores[(op.id, k)].rows_axis) for k in written), shared)
 
     def later_launches(point: tuple[int, ...], xs: list[Any], buffers: list[Any],
                        slots: list[int]) -> list[tuple[tuple[int, ...], tuple]]:
@@ -844,7 +843,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
                 tuple(block.shape[store.rows_axis] for store, block in zip(targets, buffers)))
 
     def launch(point: tuple[int, ...]) -> None:
-        slots = [store.row_slots(point) for store in targets]  # first: a ring may grow
+        slots = [store.row_slot(point) for store in targets]  # first: a ring may grow
         indices = [phi(*point) for _, phi in reads]
         found = located(indices)
         if any(f is None for f in found):
@@ -854,15 +853,13 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             return
         xs: list[Any] = [None if k in blocks else read(index)
                          for k, ((read, _), index) in enumerate(zip(reads, indices))]
-        buffers, rows_written = [b for b, _ in slots], [row for _, rows in slots for row in rows]
-        copies = tuple(len(rows) for _, rows in slots)
-        run = programs.kernel(copies, make_kernel)
+        buffers, rows_written = [b for b, _ in slots], [row for _, row in slots]
         args = arguments(xs, found, buffers, rows_written)
         shape = launch_shape(found, buffers)
-        if (copies, shape) not in programs.compiled:
+        if shape not in programs.compiled:
             later = later_launches(point, xs, buffers, rows_written) if programs.first else []
-            programs.ready(copies, shape, later)
-        outs = run(shape[0], *args)
+            programs.ready(buffer_kernel, shape, later)
+        outs = buffer_kernel(shape[0], *args)
         if written:
             outs, buffers = outs
             for store, block in zip(targets, buffers):
@@ -875,48 +872,37 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
 
 
 class _Programs:
-    """A block launcher's jitted kernels (one per number of rows each write updates,
-    ``copies``) and the launch shapes each has programs for (the reads' row counts and
-    the buffers' lengths), compiled or being compiled in the background; kept across
-    runs (``Executable``)."""
+    """The launch shapes a block launcher's kernel has programs for (the reads' row
+    counts and the buffers' lengths), compiled or being compiled in the background; kept
+    across runs (``Executable``)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        self.kernels: dict[tuple[int, ...], Callable] = {}
         self.compiled: set[tuple] = set()
-        self.compiling: dict[tuple, Future] = {}  # (copies, shape) -> the background compile
-
-    def kernel(self, copies: tuple[int, ...], make: Callable[[tuple[int, ...]], Callable]) -> Callable:
-        run = self.kernels.get(copies)
-        if run is None:
-            run = self.kernels[copies] = make(copies)
-        return run
+        self.compiling: dict[tuple, Future] = {}  # shape -> the background compile
 
     @property
     def first(self) -> bool:
         """Whether no launch has been readied yet (nothing compiled or compiling)."""
         return not self.compiled and not self.compiling
 
-    def ready(self, copies: tuple[int, ...], shape: tuple,
-              later: list[tuple[tuple, tuple]]) -> None:
+    def ready(self, kernel: Callable, shape: tuple, later: list[tuple[tuple, tuple]]) -> None:
         """Before the first launch of ``shape`` (its reads' row counts first, the static
-        argument): at the very first, start compiling the ``later`` launches (shapes, and
-        arguments or their shapes) in the background; where ``shape`` is being compiled
-        there, wait for it (where it has not started, or failed, the call compiles in the
-        foreground)."""
-        key = (copies, shape)
+        argument) of jitted ``kernel``: at the very first, start compiling the ``later``
+        launches (shapes, and arguments or their shapes) in the background; where
+        ``shape`` is being compiled there, wait for it (where it has not started, or
+        failed, the call compiles in the foreground)."""
         if self.first:
             first_launches: dict[tuple, tuple] = {}
             for later_shape, args in later:
                 first_launches.setdefault(later_shape, args)
             for later_shape, args in first_launches.items():
-                if (copies, later_shape) != key:
-                    self.compiling[(copies, later_shape)] = self.backend.compile_later(
-                        self.kernels[copies], later_shape[0], args)
-        pending = self.compiling.pop(key, None)
+                if later_shape != shape:
+                    self.compiling[later_shape] = self.backend.compile_later(kernel, later_shape[0], args)
+        pending = self.compiling.pop(shape, None)
         if pending is not None and not pending.cancel():
             pending.exception()  # waits
-        self.compiled.add(key)
+        self.compiled.add(shape)
 
     def cancel_waiting(self) -> None:
         """Drop the background compiles that have not started (a run that stopped early

@@ -589,15 +589,15 @@ class BlockStore:
         self._put(prefix, k, self.buffers.incoming(value))
         self._written(prefix, k)
 
-    def row_slots(self, point: tuple[int, ...]) -> tuple[Any, tuple[int, ...]]:
-        """The buffer (made if need be) and the rows that a write at ``point`` updates, for
-        a kernel that writes them itself and returns the buffer (``written_by_kernel``)."""
+    def row_slot(self, point: tuple[int, ...]) -> tuple[Any, int]:
+        """The buffer (made if need be) and the row that a write at ``point`` updates, for
+        a kernel that writes it itself and returns the buffer (``written_by_kernel``)."""
         prefix = point[:-1]
-        return self._block(prefix, point[-1]), (self._slot(prefix, point[-1]),)
+        return self._block(prefix, point[-1]), self._slot(prefix, point[-1])
 
     def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
-        """``block``, the buffer ``row_slots(point)`` gave with the row at ``point`` written
-        at its rows, replaces it."""
+        """``block``, the buffer ``row_slot(point)`` gave with the row at ``point`` written
+        at its row, replaces it."""
         self.blocks[point[:-1]] = block
         self._written(point[:-1], point[-1])
 
@@ -814,13 +814,11 @@ class WindowStore(BlockStore):
         return block
 
     def _put(self, prefix: tuple[int, ...], k: int, row: Any) -> None:
-        block, slots = self.row_slots((*prefix, k))
-        for slot in slots:
-            block = self.buffers.set_row(block, slot, row)
-        self.blocks[prefix] = block
-        self.written[prefix][slots[0]] = k
+        block, slot = self.row_slot((*prefix, k))
+        self.blocks[prefix] = self.buffers.set_row(block, slot, row)
+        self.written[prefix][slot] = k
 
-    def row_slots(self, point: tuple[int, ...]) -> tuple[Any, tuple[int, ...]]:
+    def row_slot(self, point: tuple[int, ...]) -> tuple[Any, int]:
         """The ring (made, or grown where the slot's point is still needed) and the row
         that holds point ``point``: its slot."""
         prefix, k = point[:-1], point[-1]
@@ -831,7 +829,7 @@ class WindowStore(BlockStore):
             if held is None or held == k or held not in self.live[prefix]:
                 break
             self._grow(prefix)  # the slot's point is still needed
-        return self.blocks[prefix], (slot,)
+        return self.blocks[prefix], slot
 
     def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
         prefix, k = point[:-1], point[-1]

@@ -266,7 +266,7 @@ def test_kernels_slice_device_buffers_themselves(monkeypatch, window, newest):
                              tile=16 if window is None else None)
     (read,) = [e for e in exe.graph.edges() if e.slices]
     assert read.rows_at == 2
-    writes = ((read.src_out, 2, 1),)  # y's rows, by y's kernel
+    writes = ((read.src_out, 2),)  # y's rows, by y's kernel
     if window is not None:  # a ring of the window's rows, split read or not
         assert exe.windows == {(read.src.id, read.src_out): window}
         assert len(rings) >= 40 and all(rings)  # every launch (and those compiled ahead)
