@@ -8,6 +8,7 @@ tensor stores, runs the kernel and writes the outputs.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 from collections.abc import Callable, Collection
@@ -25,7 +26,7 @@ from tempo.runtime.backends import Backend
 from tempo.runtime.footprint import Footprint, Prediction
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
-from tempo.runtime.profile import RunProfile
+from tempo.runtime.profile import RunProfile, XlaCompiles
 from tempo.runtime.stores import (
     BlockStore,
     DeviceBuffers,
@@ -126,6 +127,8 @@ class Executable:
         """Per op with a block launcher, its compiled programs, kept across runs."""
         self._root = root
         self._compiled_ahead = False
+        self.xla = XlaCompiles()
+        """What making XLA programs cost during the runs (JAX backend)."""
         self.source = _program_source(root, [*schedule.statements, *self._lowered])
         self._program = _compile_source(self.source) if self._lowered else self._interpreted
 
@@ -173,8 +176,10 @@ class Executable:
             launch.bind(stores, namespace, batched)
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
         stopped = None
+        recording = self.xla.recording() if self.backend.name == "jax" else contextlib.nullcontext()
         try:
-            self._program(namespace)
+            with recording:
+                self._program(namespace)
         except StopRun as stop:  # its point is as host ops see it: moved by the origin
             by_name = {d.name: k for d, k in shift.items()}
             stopped = {name: v - by_name.get(name, 0) for name, v in stop.point.items()}

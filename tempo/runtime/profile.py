@@ -10,7 +10,8 @@ slower than a plain one; the split between ops is what it is for.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -89,3 +90,53 @@ class RunProfile:
         return "\n".join([*lines, f"{total * 1e3:10.1f} total"])
 
     __str__ = table
+
+
+XLA_EVENTS = {"/jax/core/compile/backend_compile_duration": "compiling",
+              "/jax/core/compile/jaxpr_trace_duration": "tracing",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+              "/jax/compilation_cache/cache_retrieval_time_sec": "loading"}
+"""JAX's monitoring events for the stages of making a program, by what they time."""
+
+
+@dataclass
+class XlaCompiles:
+    """What making XLA programs cost during an executable's runs (JAX's monitoring
+    events): per stage (tracing, lowering to MLIR, XLA's compiling, loading from JAX's
+    persistent cache) the programs and seconds, and the seconds spent on other threads
+    than the run's (kernels compiled ahead, ``Executable``)."""
+
+    programs: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    elsewhere: float = 0.0
+    """Seconds of these spent on other threads (in the background)."""
+
+    @contextmanager
+    def recording(self) -> Iterator[XlaCompiles]:
+        """Count the events while the block runs (JAX's listeners are process-wide)."""
+        import threading
+
+        from jax import monitoring
+        here = threading.current_thread()
+
+        def listener(event: str, seconds: float, **_: object) -> None:
+            stage = XLA_EVENTS.get(event)
+            if stage is None:
+                return
+            self.programs[stage] = self.programs.get(stage, 0) + 1
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+            if threading.current_thread() is not here:
+                self.elsewhere += seconds
+        monitoring.register_event_duration_secs_listener(listener)
+        try:
+            yield self
+        finally:
+            monitoring.unregister_event_duration_listener(listener)
+
+    def __str__(self) -> str:
+        if not self.programs:
+            return "XLA: no program made in the runs"
+        stages = ", ".join(f"{stage} {self.programs[stage]} in {self.seconds[stage]:.2f} s"
+                           for stage in XLA_EVENTS.values() if stage in self.programs)
+        return (f"XLA programs made in the runs: {stages} ({self.elsewhere:.2f} s of it on background "
+                f"threads, compiling ahead)")

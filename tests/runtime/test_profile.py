@@ -58,3 +58,27 @@ def test_loops_run_whole_are_one_row_and_the_rest_is_counted():
                        if (kind, op.name) not in inside)
     assert {key: t.calls for key, t in profile.ops.items()
             if t.calls and key[0] != "loop" and key not in inside} == dict(expected)
+
+
+def test_the_xla_programs_a_run_makes_are_counted():
+    """``exe.xla`` counts, from JAX's monitoring events, the programs the runs trace,
+    lower and compile (kernels and scans), and their seconds; a second run of the same
+    executable makes none; the NumPy backend's runs record nothing."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:  # (constants of a shape no other test uses: nothing is compiled already)
+        x = tp.const(np.linspace(-1, 1, 23 * 7, dtype=np.float32).reshape(23, 7))[t]
+        s = tp.placeholder(shape=(7,), dtype="float32", domain=(t,))
+        s[0] = x[0]
+        s[t + 1] = (s * 0.25 + x[t + 1]).tanh()
+    exe = ctx.compile({T: 23}, [s], backend="jax")
+    exe.run()
+    made = dict(exe.xla.programs)
+    assert made.get("compiling", 0) >= 1 and made.get("tracing", 0) >= 1, made
+    assert exe.xla.seconds["compiling"] > 0
+    assert "compiling" in str(exe.xla)
+    exe.run()
+    assert exe.xla.programs == made
+    numpy_exe = ctx.compile({T: 23}, [s], backend="numpy")
+    numpy_exe.run()
+    assert numpy_exe.xla.programs == {}
