@@ -161,7 +161,8 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
     if cfg.get("compile_report") or profile is not None:
         for choice in exe.loop_choices.values():
             print(choice)
-        print(exe.xla)
+        if exe.backend.name == "jax":
+            print(exe.xla)
     memory = {"device_peak_mb": exe.stats.peak_device_bytes / MIB,
               "host_peak_mb": exe.stats.peak_host_bytes / MIB, "rss_peak_mb": peak_rss_bytes() / MIB,
               "split_peak_mb": exe.stats.split.run_peak / MIB}

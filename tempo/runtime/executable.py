@@ -151,11 +151,7 @@ class Executable:
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
                                      self.backend, shift, self.ctx.bound_of, self._programs)
         ahead: list[Future] = []  # (cancelled at the end: kernels of statements not reached)
-        # Later runs find the kernels compiled. A program whose schedule came from the
-        # compile cache ran before: JAX's persistent cache holds its XLA programs, loaded
-        # faster than a second thread helps (gymnasium CartPole, second run: 0.3 s slower
-        # with compiles ahead).
-        if not self._compiled_ahead and not self.schedule.from_cache:
+        if not self._compiled_ahead:  # later runs find the kernels compiled
             self._compiled_ahead = True
             try:
                 _compile_ahead(self._root, self.schedule, self.graph, stores, self.bounds,

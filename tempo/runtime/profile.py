@@ -108,25 +108,30 @@ class XlaCompiles:
 
     programs: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    """Per stage. JAX times a program loaded from its cache as compiled too: ``compiling``
+    includes ``loading``."""
     elsewhere: float = 0.0
-    """Seconds of these spent on other threads (in the background)."""
+    """Seconds of tracing, lowering and compiling spent on other threads (in the
+    background); JAX's listeners are process-wide, so other executables' programs made
+    meanwhile count too."""
 
     @contextmanager
     def recording(self) -> Iterator[XlaCompiles]:
-        """Count the events while the block runs (JAX's listeners are process-wide)."""
+        """Count the events while the block runs."""
         import threading
 
         from jax import monitoring
-        here = threading.current_thread()
+        here, lock = threading.current_thread(), threading.Lock()
 
         def listener(event: str, seconds: float, **_: object) -> None:
             stage = XLA_EVENTS.get(event)
             if stage is None:
                 return
-            self.programs[stage] = self.programs.get(stage, 0) + 1
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
-            if threading.current_thread() is not here:
-                self.elsewhere += seconds
+            with lock:  # (background compiles report from their own threads)
+                self.programs[stage] = self.programs.get(stage, 0) + 1
+                self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+                if stage != "loading" and threading.current_thread() is not here:
+                    self.elsewhere += seconds
         monitoring.register_event_duration_secs_listener(listener)
         try:
             yield self
@@ -136,7 +141,11 @@ class XlaCompiles:
     def __str__(self) -> str:
         if not self.programs:
             return "XLA: no program made in the runs"
-        stages = ", ".join(f"{stage} {self.programs[stage]} in {self.seconds[stage]:.2f} s"
-                           for stage in XLA_EVENTS.values() if stage in self.programs)
+        programs, seconds = dict(self.programs), dict(self.seconds)
+        if "loading" in programs:  # loaded programs count as compiled too
+            programs["compiling"] = programs.get("compiling", 0) - programs["loading"]
+            seconds["compiling"] = seconds.get("compiling", 0.0) - seconds["loading"]
+        stages = ", ".join(f"{stage} {programs[stage]} in {seconds[stage]:.2f} s"
+                           for stage in XLA_EVENTS.values() if stage in programs)
         return (f"XLA programs made in the runs: {stages} ({self.elsewhere:.2f} s of it on background "
                 f"threads, compiling ahead)")

@@ -151,10 +151,7 @@ def test_kernels_compiled_ahead_are_the_programs_their_launches_run(monkeypatch,
     background (``Executable._compile_ahead``), for the input shapes and dtypes the types
     say and the inputs the statement donates; made to wait for those compiles, no launch
     of such a kernel compiles anything (else the program compiled ahead is never used),
-    and the values are the reference evaluator's. (Without the compile cache: a program
-    whose schedule comes from it ran before, and its kernels come from JAX's cache.)"""
-    from tempo import cache
-    monkeypatch.setattr(cache, "_chosen", None)
+    and the values are the reference evaluator's."""
     import logging
 
     import jax

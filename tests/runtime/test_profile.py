@@ -79,6 +79,9 @@ def test_the_xla_programs_a_run_makes_are_counted():
     assert "compiling" in str(exe.xla)
     exe.run()
     assert exe.xla.programs == made
+    import jax  # compiled outside a run: not counted (the listener is gone)
+    jax.jit(lambda v: v * 3.0 + 1.0)(np.ones((5, 11), np.float32)).block_until_ready()
+    assert exe.xla.programs == made
     numpy_exe = ctx.compile({T: 23}, [s], backend="numpy")
     numpy_exe.run()
     assert numpy_exe.xla.programs == {}
