@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tempo.errors import StopRun, TempoError
-from tempo.ir.graph import SDG, Edge, Op, has_static_shapes
+from tempo.ir.graph import SDG, Edge, Op, has_static_shapes, rows_moved
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
 from tempo.options import LoopPolicy, MemoryPolicy
@@ -339,18 +339,13 @@ def _kernel_inputs(op: Op, edges: list[Edge], stores: dict,
     inputs = []
     for edge in edges:
         store = _source_store(edge, stores)
-        if type(store) not in (PointStore, BlockStore, WindowStore) or _device_blocks(store):
+        if type(store) not in (PointStore, BlockStore, WindowStore) or _device_blocks(store) \
+                or len(edge.slices) > 1 and (type(store) is not PointStore or edge.rows_at):
             return None
         t = edge.src.outputs[edge.src_out]
-        shape = [int(d.evaluate(bounds)) for d in t.shape]
-        sizes = [int(edge.phi[k].size.evaluate(bounds)) for k in edge.slices]
-        if len(sizes) == 1:
-            shape.insert(edge.rows_at, sizes[0])
-        elif len(sizes) > 1 and type(store) is PointStore and not edge.rows_at:
-            shape = [*sizes, *shape]
-        elif sizes:
-            return None
-        inputs.append((tuple(shape), t.dtype))
+        sizes = tuple(edge.phi[k].size for k in edge.slices)
+        shape = rows_moved((*sizes, *t.shape), edge.rows_at) if sizes else t.shape
+        inputs.append((tuple(int(d.evaluate(bounds)) for d in shape), t.dtype))
     return inputs
 
 
