@@ -36,6 +36,7 @@ from tempo.runtime.stores import (
     SplitPointStore,
     SwappedStore,
     WindowStore,
+    grown_buffers,
 )
 from tempo.schedule import ast
 from tempo.schedule.memory import point_bytes, swapped_ops, window_widths
@@ -839,7 +840,8 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
                 tuple(block.shape[store.rows_axis] for store, block in zip(targets, buffers)))
 
     def launch(point: tuple[int, ...]) -> None:
-        slots = [store.row_slot(point) for store in targets]  # first: a ring may grow
+        with grown_buffers.together():  # one trim for the buffers this launch grows
+            slots = [store.row_slot(point) for store in targets]  # first: a ring may grow
         indices = [phi(*point) for _, phi in reads]
         found = located(indices)
         if any(f is None for f in found):

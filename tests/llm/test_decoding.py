@@ -257,3 +257,21 @@ def test_decoding_stops_once_every_sequence_has_ended(llama):
     assert out.tokens.shape == (1, 4 + first) and out.lengths.tolist() == [first]
     np.testing.assert_array_equal(out.tokens, free.tokens[:, :4 + first])
     assert out.logits.shape[1] == first
+
+
+def test_buffers_grown_at_one_position_hand_their_memory_back_once(llama, monkeypatch):
+    """Tiles of 4 rows: the causal keys' and values' device buffers (2 layers: 4 of them)
+    grow together at every 4th position; the freed memory goes back to the system once
+    per such position, not once per buffer (each trim of the C heap costs milliseconds)."""
+    from tempo.runtime import stores
+    grown, trims = [], []
+    replaced, trim = stores.DeviceBuffers.replaced, stores.return_freed_memory
+    monkeypatch.setattr(stores.DeviceBuffers, "replaced",
+                        lambda self, block: (grown.append(block.shape), replaced(self, block))[1])
+    monkeypatch.setattr(stores, "return_freed_memory", lambda: (trims.append(len(grown)), trim())[1])
+    _, path = llama
+    out = tempo_llm.load(path, backend="jax", tile=4).generate(_ids(1, 3), 14)
+    assert out.tokens.shape == (1, 17)
+    buffers = 2 * SIZES["num_hidden_layers"]
+    assert len(grown) >= buffers and len(grown) % buffers == 0
+    assert trims == list(range(buffers, len(grown) + 1, buffers))
