@@ -413,10 +413,20 @@ def _infer_take(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
     return (TensorType(x.shape[:dim] + idx.shape + x.shape[dim + 1:], x.dtype),)
 
 
+def _take(xp: Any, p: dict, x: Any, idx: Any) -> Any:
+    """Rows ``idx`` of ``x`` along ``dim``. Over a device mesh, the rows a list of indices
+    takes stay split over the devices (``XlaNamespace.split_rows``): a minibatch drawn from
+    a rollout split by env is then computed on by every device for its part, instead of
+    whole on each."""
+    out = xp.take(x, idx, axis=p["dim"], mode="clip")
+    split = getattr(xp, "split_rows", None)
+    return out if split is None or np.ndim(idx) != 1 else split(out, normalize_dim(p["dim"], x.ndim))
+
+
 # Tensor-valued indices are data: they cannot be checked before running, and a jitted
 # kernel cannot raise, so both backends clamp them into range (symbolic and constant
 # indices are checked at compile time and at definition).
-register("take", _infer_take, lambda xp, p, x, idx: xp.take(x, idx, axis=p["dim"], mode="clip"), linear=(0,))
+register("take", _infer_take, _take, linear=(0,))
 
 
 def _infer_take_along(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:

@@ -487,6 +487,14 @@ class XlaNamespace:
         spec = PartitionSpec(*(None,) * dim, self._mesh.axis_names[0])
         return self._jax.lax.with_sharding_constraint(x, NamedSharding(self._mesh, spec))
 
+    def split_rows(self, x: Any, dim: int) -> Any:
+        """``x`` with its axis ``dim`` split over the mesh where it divides evenly (a
+        layout choice for values taken by a list of indices; ``ops._take``); ``x``
+        itself without a mesh."""
+        if self._mesh is None or x.shape[dim] % self._mesh.devices.size:
+            return x
+        return self.place_on_mesh(x, dim)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jnp, name)
 
