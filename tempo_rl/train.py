@@ -13,6 +13,7 @@ import numpy as np
 
 import tempo as tp
 from tempo import cache
+from tempo.runtime.backends import resolve_backend
 from tempo_rl import checkpoints, distributed, run_dir
 from tempo_rl.algorithms import algorithm, import_algorithm_module
 from tempo_rl.envs import NormalizedObservations, make_env
@@ -99,9 +100,20 @@ def check_config(cfg: dict[str, Any]) -> None:
                           f"use {fewer or more}" + (f" or {more}" if fewer else ""))
 
 
+def _cache_programs(cfg: dict[str, Any]) -> None:
+    """Use the config's cache dir, and on the JAX backend point JAX's persistent cache
+    there before the env and the parameters are made: their programs are cached too (on
+    gymnax CartPole six programs, 0.24 s of compiling in every run otherwise)."""
+    if cfg.get("cache_dir") is not None:
+        cache.set_cache_dir(cfg["cache_dir"])
+    if resolve_backend(cfg.get("backend", "auto")) == "jax":
+        cache.enable_jax_cache()
+
+
 def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | None,
            progress: bool, split: tp.Distribution | None) -> TrainResult:
     seed = int(cfg["seed"])
+    _cache_programs(cfg)
     env = make_env(cfg["env"], seed)
     algo = cfg["algorithm"]
     cls, build = algorithm(algo["name"])
@@ -136,8 +148,6 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
         # Sinks see the whole run's iteration numbers (the origin): i + first here.
         when = i == I - 1 if every <= 0 else ((i + first + 1) % every == 0) | (i == I - 1)
         checkpoints.save_sink(program, env, cfg, target, when, keep=bool(cfg.get("keep_checkpoints")))
-    if cfg.get("cache_dir") is not None:
-        cache.set_cache_dir(cfg["cache_dir"])
     start = time.perf_counter()
     passes = cfg.get("passes")
     exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "auto"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import gymnax
 import jax
 import jax.numpy as jnp
@@ -74,3 +76,29 @@ def test_low_memory_swaps_the_rollout_not_the_parameters():
     parameters = {op.label for op in exe.graph.ops.values() if op.label in ("weight", "bias")} | \
         {op.label for op in exe.graph.ops.values() if op.label.startswith(("mu", "nu"))}
     assert parameters and not parameters & swapped
+
+
+def test_a_second_run_compiles_nothing(tmp_path, monkeypatch):
+    """With the run's cache dir, a second identical run loads every XLA program from JAX's
+    persistent cache: the env's and the parameters' programs too (JAX's cache is pointed
+    there before they are made), and the update's short sorts (XLA's own: a program that
+    calls NumPy back is never cached)."""
+    from jax._src import compiler
+
+    from tempo import cache
+    compiles = []
+    compile_and_load = compiler.backend_compile_and_load
+    monkeypatch.setattr(compiler, "backend_compile_and_load",
+                        lambda *args, **kwargs: (compiles.append(1), compile_and_load(*args, **kwargs))[1])
+    overrides = ["env=gymnax_cartpole", "total_timesteps=1024", f"cache_dir={tmp_path / 'cache'}",
+                 "checkpoint_every=0"]
+    try:
+        counts = []
+        for run in range(2):
+            compiles.clear()
+            train(config(*overrides), tmp_path / f"run{run}", progress=False)
+            counts.append(len(compiles))
+    finally:
+        cache.set_cache_dir(os.environ.get(cache.ENV))
+        cache.enable_jax_cache()
+    assert counts[0] > 0 and counts[1] == 0, counts
