@@ -288,7 +288,8 @@ class JaxBackend:
         at every position). For each of ``writes`` (``(output, axis)``) a buffer follows
         the inputs, and after the buffers the row of each to write: the kernel writes that
         output into the buffer at that row, takes the buffer over, and returns ``(outputs,
-        buffers)`` (one launch instead of one more per written row). An input
+        buffers)``, the outputs without those written into buffers (one launch instead of
+        one more per written row, and no output array made for a row in a buffer). An input
         of ``shared`` (``(position, write)``) is the first row only, of the buffer of
         ``writes[write]``: the ``put_row`` members reading it write the row there first and
         read the rows from the written buffer (``tempo.passes.newest``)."""
@@ -300,6 +301,7 @@ class JaxBackend:
             fn, xp, jax = op.definition.kernel, self.xp, self.jax
             multi, on_cpu = op.definition.multi_output, self.on_cpu
             in_buffer = dict(shared)
+            into_buffers = {out for out, _ in writes}
 
             def run(rows: tuple[int, ...], *args: Any) -> Any:
                 xs = list(args[:inputs])
@@ -316,7 +318,8 @@ class JaxBackend:
                 if not writes:
                     return outs
                 outs = tuple(outs) if multi else (outs,)
-                return outs, tuple(buffer.written(outs[out]) for buffer, (out, _) in zip(buffers, writes))
+                written = tuple(buffer.written(outs[out]) for buffer, (out, _) in zip(buffers, writes))
+                return tuple(o for k, o in enumerate(outs) if k not in into_buffers), written
             donate = tuple(range(1 + inputs, 1 + inputs + len(writes)))
             kernel = cache[key] = jax.jit(run, static_argnums=0, donate_argnums=donate)
         return kernel

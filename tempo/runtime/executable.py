@@ -858,14 +858,14 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             later = later_launches(point, xs, buffers, rows_written) if programs.first else []
             programs.ready(buffer_kernel, shape, later)
         outs = buffer_kernel(shape[0], *args)
-        if written:
+        if written:  # the outputs not written into buffers, and the buffers
             outs, buffers = outs
             for store, block in zip(targets, buffers):
                 store.written_by_kernel(point, block)
         elif not multi:
             outs = (outs,)
-        for write, k in others:
-            write(point, outs[k])
+        for (write, _), out in zip(others, outs):
+            write(point, out)
     return launch
 
 
