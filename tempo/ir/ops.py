@@ -414,13 +414,15 @@ def _infer_take(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
 
 
 def _take(xp: Any, p: dict, x: Any, idx: Any) -> Any:
-    """Rows ``idx`` of ``x`` along ``dim``. Over a device mesh, the rows a list of indices
-    takes stay split over the devices (``XlaNamespace.split_rows``): a minibatch drawn from
-    a rollout split by env is then computed on by every device for its part, instead of
-    whole on each."""
+    """Rows ``idx`` of ``x`` along ``dim``. Over a device mesh, the leading rows a list of
+    indices takes stay split over the devices (``XlaNamespace.split_rows``): a minibatch
+    drawn from a rollout split by env is then computed on by every device for its part,
+    instead of whole on each."""
     out = xp.take(x, idx, axis=p["dim"], mode="clip")
     split = getattr(xp, "split_rows", None)
-    return out if split is None or np.ndim(idx) != 1 else split(out, normalize_dim(p["dim"], x.ndim))
+    if split is None or np.ndim(idx) != 1 or normalize_dim(p["dim"], x.ndim) != 0:
+        return out
+    return split(out)
 
 
 # Tensor-valued indices are data: they cannot be checked before running, and a jitted

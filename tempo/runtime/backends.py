@@ -475,7 +475,7 @@ class XlaNamespace:
     On CPU, XLA sorts a float key with its index (a two-operand sort) about 3x slower
     than NumPy's stable argsort (128k keys: 27 ms vs 10 ms on 2 cores; PPO sorts one key
     per element of its rollout every epoch), so there an ``argsort`` of at least
-    ``HOST_SORT_MIN`` keys is NumPy's, called back from the compiled computation. A
+    ``HOST_SORT_MIN`` keys in all is NumPy's, called back from the compiled computation. A
     program holding a callback is never kept in JAX's persistent cache, so shorter sorts
     stay XLA's: their program then loads from the cache instead of compiling again in
     every run (PPO at 8 envs x 64 steps: 0.17 s), for 45 us a sort of 512 keys. Results
@@ -499,19 +499,19 @@ class XlaNamespace:
         spec = PartitionSpec(*(None,) * dim, self._mesh.axis_names[0])
         return self._jax.lax.with_sharding_constraint(x, NamedSharding(self._mesh, spec))
 
-    def split_rows(self, x: Any, dim: int) -> Any:
-        """``x`` with its axis ``dim`` split over the mesh where it divides evenly (a
-        layout choice for values taken by a list of indices; ``ops._take``); ``x``
-        itself without a mesh."""
-        if self._mesh is None or x.shape[dim] % self._mesh.devices.size:
+    def split_rows(self, x: Any) -> Any:
+        """``x`` with its leading axis split over the mesh where it divides evenly (a
+        layout choice for the rows a list of indices takes; ``ops._take``); ``x`` itself
+        without a mesh."""
+        if self._mesh is None or x.shape[0] % self._mesh.devices.size:
             return x
-        return self.place_on_mesh(x, dim)
+        return self.place_on_mesh(x, 0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jnp, name)
 
     def _host_argsort(self, x: Any, axis: int = -1, stable: bool = True) -> Any:
-        if x.shape[axis] < HOST_SORT_MIN:
+        if x.size < HOST_SORT_MIN:
             return self._jnp.argsort(x, axis=axis, stable=stable)
 
         def sort(values: Any) -> np.ndarray:

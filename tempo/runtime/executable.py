@@ -788,7 +788,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     slices = tuple(zip(blocks, axes))
     slicers = [(k, store.block_slice) for k, store in zip(blocks, sources)]
     in_buffer = {k for k, _ in shared}
-    others = [(write, k) for k, write in enumerate(writes) if k not in written]
+    others = [write for k, write in enumerate(writes) if k not in written]
     rings = [(k, store.ring_slice) for k, store in zip(blocks, sources)] \
         if _reads_rings_whole(op, edges, blocks, sources) else []
 
@@ -864,7 +864,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
                 store.written_by_kernel(point, block)
         elif not multi:
             outs = (outs,)
-        for (write, _), out in zip(others, outs):
+        for write, out in zip(others, outs, strict=True):
             write(point, out)
     return launch
 

@@ -413,10 +413,10 @@ class _GrownBuffers:
 
     def __init__(self) -> None:
         self.depth = 0
-        self.latest: tuple[Backend, Any] | None = None
+        self.grown: list[tuple[Backend, Any]] = []
 
     def grew(self, backend: Backend, block: Any) -> None:
-        self.latest = (backend, block)
+        self.grown.append((backend, block))
         if not self.depth:
             self._trim()
 
@@ -431,12 +431,12 @@ class _GrownBuffers:
                 self._trim()
 
     def _trim(self) -> None:
-        """Wait for the latest grown buffer (made after the others), so that the buffers
-        they replaced are freed, and hand the freed memory back."""
-        if self.latest is not None:
-            backend, block = self.latest
-            self.latest = None
-            backend.synchronize(block)
+        """Wait for the grown buffers, so that the buffers they replaced are freed, and
+        hand the freed memory back."""
+        if self.grown:
+            grown, self.grown = self.grown, []
+            for backend, block in grown:
+                backend.synchronize(block)
             return_freed_memory()
 
 

@@ -82,10 +82,12 @@ def test_a_second_run_compiles_nothing(tmp_path, monkeypatch):
     """With the run's cache dir, a second identical run loads every XLA program from JAX's
     persistent cache: the env's and the parameters' programs too (JAX's cache is pointed
     there before they are made), and the update's short sorts (XLA's own: a program that
-    calls NumPy back is never cached)."""
+    calls NumPy back is never cached). The process's own caches of jitted functions are
+    emptied between the runs, as a new process starts."""
     from jax._src import compiler
 
     from tempo import cache
+    from tempo.runtime import backends
     compiles = []
     compile_and_load = compiler.backend_compile_and_load
     monkeypatch.setattr(compiler, "backend_compile_and_load",
@@ -96,6 +98,8 @@ def test_a_second_run_compiles_nothing(tmp_path, monkeypatch):
         counts = []
         for run in range(2):
             compiles.clear()
+            jax.clear_caches()
+            backends._JIT_CACHE.clear()
             train(config(*overrides), tmp_path / f"run{run}", progress=False)
             counts.append(len(compiles))
     finally:
