@@ -840,7 +840,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
                 tuple(block.shape[store.rows_axis] for store, block in zip(targets, buffers)))
 
     def launch(point: tuple[int, ...]) -> None:
-        with grown_buffers.together():  # one trim for the buffers this launch grows
+        with grown_buffers:  # one trim for the buffers this launch grows
             slots = [store.row_slot(point) for store in targets]  # first: a ring may grow
         indices = [phi(*point) for _, phi in reads]
         found = located(indices)

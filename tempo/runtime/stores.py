@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -407,9 +406,9 @@ def return_freed_memory() -> None:
 
 class _GrownBuffers:
     """Hands the memory of device buffers that grown ones replaced back to the system
-    (``DeviceBuffers.replaced``): at once, or once for all the buffers that grow inside
-    ``together()`` (a decoder's launch grows eight at one position; each trim of its heap
-    takes 1.5-2.5 ms)."""
+    (``DeviceBuffers.replaced``): at once, or, as a context (``with grown_buffers:``),
+    once for all the buffers that grow inside it (a decoder's launch grows eight at one
+    position; each trim of its heap takes 1.5-2.5 ms)."""
 
     def __init__(self) -> None:
         self.depth = 0
@@ -420,15 +419,13 @@ class _GrownBuffers:
         if not self.depth:
             self._trim()
 
-    @contextlib.contextmanager
-    def together(self) -> Iterator[None]:
+    def __enter__(self) -> None:
         self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            if not self.depth:
-                self._trim()
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        if not self.depth:
+            self._trim()
 
     def _trim(self) -> None:
         """Wait for the grown buffers, so that the buffers they replaced are freed, and
@@ -578,7 +575,7 @@ class DeviceBuffers:
     def replaced(self, block: Any) -> None:
         """``block``, made from a buffer it replaces: wait for it, so that the buffer is
         freed, and hand the freed memory back to the system (``grown_buffers``: once for
-        the buffers a kernel's launch grows together). Otherwise the C heap keeps it
+        the buffers a kernel's launch grows at once). Otherwise the C heap keeps it
         (glibc keeps freed blocks smaller than the largest it has handed back; a grown
         buffer is larger than any before it): causal decoding, batch 8, 8K positions,
         peak RSS 711 MiB against 608 with it, the same tokens/s (2026-11-26)."""
