@@ -258,6 +258,58 @@ def test_rows_taken_from_split_envs_stay_split():
     assert 16 in run["product_rows"] and 64 not in run["product_rows"], run["product_rows"]
 
 
+MINIBATCH_LOOP = textwrap.dedent("""
+    import json
+    import re
+    import numpy as np
+    import tempo as tp
+    from tempo.reference import evaluate
+    from tempo.runtime.backends import JaxBackend
+
+    texts = []  # each program compiled for the mesh
+    holds = JaxBackend.holds_collectives
+
+    def recording(self, compiled):
+        texts.append(compiled.as_text())
+        return holds(self, compiled)
+    JaxBackend.holds_collectives = recording
+    rng = np.random.default_rng(3)
+    E, S, H, N, K = 8, 16, 3, 32, 6
+    ctx = tp.Context(dims=("b", "t", "k"), parallel=("b",))
+    (b, t, k), (B, T, K_) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tp.const(rng.normal(size=(H, 5)).astype(np.float32))
+        x = (tp.const(rng.normal(size=(E, S, H)).astype(np.float32))[b, t] * 2.0).tanh()
+        index = tp.const(np.stack([rng.permutation(E * S)[:N] for _ in range(K)]).astype(np.int32))[k]
+        out = ((x[0:B, 0:T].reshape(E * S, H)[index] @ w).tanh()).sum(0)
+    bounds = {B: E, T: S, K_: K}
+    exe = ctx.compile(bounds, [out], backend="jax", distribution=tp.Distribution(devices=4),
+                      loops=tp.LoopPolicy(mode="lowered"))
+    got = np.asarray(exe.run()[out]).tolist()
+    in_loops, gathered = [], []  # (shape, collective) inside loop bodies; all-gathered shapes
+    collective = r"= (\\S+) (all-reduce|all-gather|all-to-all|collective-permute)\\("
+    for text in texts:
+        gathered += [shape for shape, kind in re.findall(collective, text) if kind == "all-gather"]
+        for body in set(re.findall(r"body=(%[\\w.\\-]+)", text)):
+            computation = re.search(re.escape(body) + r" \\(.*?\\n\\}", text, re.S).group(0)
+            in_loops += re.findall(collective, computation)
+    print(json.dumps({"reference": np.asarray(evaluate(ctx, bounds, [out])[out.key]).tolist(),
+                      "got": got, "in_loops": in_loops, "gathered": gathered}))
+""")
+
+
+def test_rows_taken_in_a_loop_are_gathered_once_before_it():
+    """Minibatches drawn at each step of a loop from rows split over the devices: the rows
+    are gathered to every device once, before the loop (``XlaNamespace.gather_source``),
+    and the loop's only collective is the sum over the split minibatch rows (before: at
+    every step, the indices all-gathered and the masked rows all-reduced too)."""
+    run = _run_with_devices(MINIBATCH_LOOP)
+    np.testing.assert_allclose(run["got"], run["reference"], rtol=1e-5, atol=1e-5)
+    assert [kind for _, kind in run["in_loops"]] == ["all-reduce"], run["in_loops"]
+    assert run["in_loops"][0][0].startswith("f32[5]"), run["in_loops"]
+    assert any(shape.startswith("f32[128,3]") for shape in run["gathered"]), run["gathered"]
+
+
 def test_one_device_run_splits_nothing(split_runs):
     one = split_runs["one"]
     assert one["shards"] == 0
