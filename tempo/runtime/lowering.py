@@ -365,6 +365,9 @@ class LoopLauncher:
         for key, count in plan.sparse:
             shape, dtype = self.planner.output_type(key)
             buffers.append(((count + 1, *shape), dtype))
+        # Made in the program: as arguments, zeros are moved in at every call (over a mesh
+        # of forced CPU devices, PPO's update scan's 9 were copied to each device each time).
+        zeros = {key: self.planner.output_type(key) for key in plan.zeros}
         merges = [pos for pos, (op, _) in enumerate(self.execs) if op.kind == "merge"]
         kernels = [(op, op.definition.kernel, resolve_params(op.params, self.bounds))
                    for op, _ in self.execs]
@@ -407,6 +410,7 @@ class LoopLauncher:
                 return ({key: values[key] for key in carried}, rows), \
                     tuple(values[key] for key in plan.exported if key not in sparse)
             empty = tuple(xp.zeros(shape, dtype) for shape, dtype in buffers)
+            init = {**init, **{key: xp.zeros(shape, dtype) for key, (shape, dtype) in zeros.items()}}
             xs = (stacked, branches, active, rows_at)
             (last, rows), per_iteration = jax.lax.scan(step, (init, empty), xs, length=plan.trips)
             dense = iter(per_iteration)

@@ -104,6 +104,8 @@ class Plan:
     rows_at: list[np.ndarray]                  # per sparse output: per iteration, the row its
                                                # value goes to (one past the last: none)
     carry_init: dict[tuple[int, int], Any]
+    zeros: tuple[tuple[int, int], ...]         # carries that start at zeros (no stored point
+                                               # gives them): made inside the scan's program
     trips: int
     runs: tuple[bool, ...]                     # per exec of the body: whether it runs in this entry
     made: dict[tuple[int, int], Made]          # (op id, output) -> the points it makes
@@ -113,7 +115,7 @@ class Plan:
     @property
     def signature(self) -> tuple:
         return (self.slots, self.carries, self.masked, self.exported, self.sparse, self.finals,
-                len(self.branches), self.trips, self.runs)
+                len(self.branches), self.trips, self.runs, self.zeros)
 
 
 STORED, IN_BODY, IN_CARRY = 1, 2, 4
@@ -200,7 +202,6 @@ class _Template:
     taken: dict[int, np.ndarray]          # per merge (exec position): the branch of each point
     fetches: list[Fetch]
     outside: dict[int, np.ndarray]        # per free (item position): its points made before the loop
-    zeros: dict[tuple[int, int], Any]     # initial carries no stored point gives
     plan: Plan                            # its stored values dropped once planned (``plan``)
 
 
@@ -347,11 +348,8 @@ class LoopPlanner:
         finals = tuple(key for key in exported if key not in self.blocks
                        and made_points[key].kept[0] == made_points[key].rows[-1:])
         masked |= {key for key in finals if made_points[key].rows[-1] != trips - 1}
-        zeros = {}
-        for key in (*carries, *finals, *masked):
-            if key not in init:  # read only where another branch is taken at the first
-                shape, dtype = self.output_type(key)  # iteration, or final only
-                init[key] = zeros[key] = self.backend.zeros(shape, dtype)
+        # Read only where another branch is taken at the first iteration, or final only.
+        zeros = tuple(sorted({key for key in (*carries, *finals, *masked) if key not in init}))
         branches = [_per_iteration(trips, runs[pos][0], chosen, 0, np.int32) for pos, chosen in taken.items()]
         active = [_per_iteration(trips, made_points[key].rows, True, False, bool)
                   for key in sorted(masked)]
@@ -363,9 +361,9 @@ class LoopPlanner:
         rows_at = [_per_iteration(trips, made_points[key].rows, np.arange(count), count, np.int32)
                    for key, count in sparse]
         plan = Plan(slots, carries, tuple(sorted(masked)), stacked_out, sparse, finals, consts, stacked,
-                    branches, active, rows_at, init, trips, tuple(bool(len(it)) for it, _ in runs),
+                    branches, active, rows_at, init, zeros, trips, tuple(bool(len(it)) for it, _ in runs),
                     made_points, self._later(instances, outside))
-        return _Template(groups, reads, taken, fetches, outside, zeros, plan)
+        return _Template(groups, reads, taken, fetches, outside, plan)
 
     def output_type(self, key: tuple[int, int]) -> tuple[tuple[int, ...], str]:
         """The shape and dtype of output ``key`` of a body op."""
@@ -557,12 +555,10 @@ class LoopPlanner:
         if reads is None:
             return None
         consts, stacked, init = self._fetch(reads, template.fetches, trips)
-        for key, zeros in template.zeros.items():
-            init.setdefault(key, zeros)  # the carries no stored point starts
         made = {key: Made(m.rows, runs[self.positions[key[0]]][1], m.freed)
                 for key, m in old.made.items()}
         return Plan(old.slots, old.carries, old.masked, old.exported, old.sparse, old.finals, consts,
-                    stacked, old.branches, old.active, old.rows_at, init, trips, old.runs, made,
+                    stacked, old.branches, old.active, old.rows_at, init, old.zeros, trips, old.runs, made,
                     self._later(instances, template.outside))
 
     def _moved_reads(self, template: _Template, runs: list,

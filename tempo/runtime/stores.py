@@ -331,8 +331,27 @@ class SplitPointStore(PointStore):
         super().free(point)
 
     def free_many(self, points: list[tuple[int, ...]]) -> None:
+        """``free`` at each of ``points``, asking once per stored array whether it is split
+        (a lowered loop's outputs are freed a few thousand points an iteration, most of
+        them rows of one array: PPO over 4 forced CPU devices, 2,200 an iteration)."""
+        data, rows = self.data, self.data.rows
+        split: dict[int, bool] = {}
+        freed = 0
         for point in points:
-            self.free(point)
+            value = data.get(point)
+            if value is not None:
+                array, nbytes = value, value.nbytes
+            elif point in rows:
+                array = rows[point][0]
+                nbytes = self._row_bytes(array)
+            else:
+                continue
+            is_split = split.get(id(array))
+            if is_split is None:
+                is_split = split[id(array)] = self.backend.is_split(array)
+            freed += nbytes if is_split else 0
+        self.stats.split.add(-freed)
+        super().free_many(points)
 
     def _split_bytes(self, value: Any, nbytes: int) -> int:
         return nbytes if self.backend.is_split(value) else 0
