@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import gymnax
 import jax
@@ -30,6 +33,28 @@ def test_step_is_gymnax_step_per_env():
         assert (reward, terminated, truncated) == (r, term, trunc)
         for ours, theirs in zip(after, jax.tree_util.tree_leaves(s)):
             np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+
+
+def test_making_an_env_defers_gymnax_plotting_modules():
+    """In a fresh interpreter: making a gymnax env imports neither seaborn nor pyplot
+    (gymnax's rendering code imports them); its rendering code still gets them when it
+    uses them, and a later ``import seaborn`` is the real module."""
+    code = textwrap.dedent("""
+        import sys, types
+        from tempo_rl.envs import GymnaxEnv
+        GymnaxEnv("CartPole-v1", num_envs=2, seed=0)
+        assert "seaborn" not in sys.modules and "matplotlib.pyplot" not in sys.modules, \\
+            [m for m in ("seaborn", "matplotlib.pyplot") if m in sys.modules]
+        from gymnax.environments.misc import pong
+        assert len(pong.sns.color_palette("cubehelix", 3)) == 3
+        assert callable(pong.plt.subplots)
+        import seaborn
+        assert type(seaborn) is types.ModuleType and seaborn.color_palette is not None
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 def test_ppo_learns_gymnax_cartpole(tmp_path):
