@@ -1,0 +1,51 @@
+"""isl relations built from shared parses: renaming a parsed template's tuples gives what
+parsing the text with the statements' own names gives."""
+
+import islpy as isl
+import pytest
+
+from tempo.analysis.polyhedral import ISL, SINK, SOURCE, STATEMENT, named_map, named_set
+
+MAPS = [
+    f"{{ {SINK}[a0, a1] -> {SOURCE}[b0, b1] : 0 <= a0 < 8 and 0 <= a1 < 64 and b0 = a0 and b1 = a1 - 1 "
+    f"and a1 >= 1 }}",
+    f"{{ {SINK}[a0] -> {SOURCE}[b0] : 0 <= a0 < 16 and max(0, a0 - 3) <= b0 < a0 + 1 }}",
+    f"{{ {SINK}[a0] -> {SOURCE}[b0] : 0 <= a0 < 16 and (b0 = 0 or b0 = 2a0) }}",  # two pieces
+    f"[p_T] -> {{ {SINK}[a0] -> {SOURCE}[b0] : 0 <= a0 < p_T and a0 <= b0 < p_T }}",
+    f"{{ {SINK}[a0] -> {SOURCE}[] : 0 <= a0 < 4 }}",
+    f"{{ {SINK}[a0] -> {SOURCE}[b0] : 0 <= a0 < 4 and false }}",  # empty
+]
+
+
+def _parsed(text: str, names: dict[str, str]) -> isl.UnionMap | isl.UnionSet:
+    for placeholder, name in names.items():
+        text = text.replace(f"{placeholder}[", f"{name}[")
+    relation = "->" in text.split("{")[1].split(":")[0]
+    return isl.UnionMap(text, context=ISL) if relation else isl.UnionSet(text, context=ISL)
+
+
+@pytest.mark.parametrize("text", MAPS)
+@pytest.mark.parametrize("sink, source", [("S7", "S3"), ("S5", "S5")])
+def test_named_map_is_the_text_parsed_with_those_names(text, sink, source):
+    got = named_map(text, sink, source)
+    want = _parsed(text, {SINK: sink, SOURCE: source})
+    assert got.is_equal(want), (got, want)
+    assert str(got) == str(want)  # (texts are cache keys: isl's schedules are kept by them)
+
+
+@pytest.mark.parametrize("text", [
+    f"{{ {STATEMENT}[a0, a1] : 0 <= a0 < 8 and 0 <= a1 < 64 }}",
+    f"[p_T] -> {{ {STATEMENT}[a0] : 0 <= a0 < p_T and a0 % 2 = 0 }}",
+    f"{{ {STATEMENT}[] }}",
+    f"{{ {STATEMENT}[a0] : 0 <= a0 < 0 }}",
+])
+def test_named_set_is_the_text_parsed_with_that_name(text):
+    got = named_set(text, "S12")
+    want = _parsed(text, {STATEMENT: "S12"})
+    assert got.is_equal(want) and str(got) == str(want), (got, want)
+
+
+def test_a_rename_leaves_the_shared_parse_alone():
+    first = named_map(MAPS[0], "S1", "S2")
+    named_map(MAPS[0], "S9", "S8")
+    assert first.is_equal(_parsed(MAPS[0], {SINK: "S1", SOURCE: "S2"}))
