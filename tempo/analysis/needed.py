@@ -14,6 +14,7 @@ from tempo.analysis.polyhedral import (
     check_requirements,
     needed_points,
     statement_name,
+    union_of,
 )
 from tempo.ir.graph import SDG, Op
 from tempo.symbolic.expr import Symbol
@@ -46,11 +47,8 @@ def needed_by_op(needed: isl.UnionSet, ids: Iterable[int]) -> dict[int, isl.Set]
 def needed_of(needed: isl.UnionSet, by_op: dict[int, isl.Set], ops: Container[int]) -> isl.UnionSet:
     """The needed points of ``by_op``'s ops that are in ``ops``, as one union set in
     ``needed``'s isl context."""
-    result = needed.subtract(needed)  # empty, in needed's isl context
-    for k, points in by_op.items():
-        if k in ops:
-            result = result.union(isl.UnionSet.from_set(points))
-    return result
+    result = union_of(isl.UnionSet.from_set(points) for k, points in by_op.items() if k in ops)
+    return needed.subtract(needed) if result is None else result  # (empty, in needed's isl context)
 
 
 def needed_at_every_step(poly: Polyhedral, op: Op, dim: Symbol, needed: isl.Set) -> bool:

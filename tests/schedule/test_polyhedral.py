@@ -4,7 +4,7 @@ parsing the text with the statements' own names gives."""
 import islpy as isl
 import pytest
 
-from tempo.analysis.polyhedral import ISL, SINK, SOURCE, STATEMENT, named_map, named_set
+from tempo.analysis.polyhedral import ISL, SINK, SOURCE, STATEMENT, named_map, named_set, union_of
 
 MAPS = [
     f"{{ {SINK}[a0, a1] -> {SOURCE}[b0, b1] : 0 <= a0 < 8 and 0 <= a1 < 64 and b0 = a0 and b1 = a1 - 1 "
@@ -49,3 +49,12 @@ def test_a_rename_leaves_the_shared_parse_alone():
     first = named_map(MAPS[0], "S1", "S2")
     named_map(MAPS[0], "S9", "S8")
     assert first.is_equal(_parsed(MAPS[0], {SINK: "S1", SOURCE: "S2"}))
+
+
+def test_union_of_is_the_union_of_every_set():
+    sets = [named_set(f"{{ {STATEMENT}[a0] : {k} <= a0 < {k + 3} }}", f"S{k % 4}") for k in range(10)]
+    want = sets[0]
+    for s in sets[1:]:
+        want = want.union(s)
+    assert union_of(sets).is_equal(want)
+    assert union_of([]) is None
