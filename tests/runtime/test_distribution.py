@@ -210,9 +210,8 @@ def test_a_gradient_summed_over_split_envs_gathers_nothing():
         assert runs[devices]["gathering"] == 0, runs[devices]
 
 
-# A minibatch: 64 of the 128 (b, t) rows, drawn by a list of indices from the rollout split
-# by env, then a product with a shared weight (PPO's update reads its rollout this way).
-MINIBATCH = textwrap.dedent("""
+# Keeps the text of each program compiled for the mesh in ``texts``.
+RECORDING = textwrap.dedent("""
     import json
     import re
     import numpy as np
@@ -227,6 +226,11 @@ MINIBATCH = textwrap.dedent("""
         texts.append(compiled.as_text())
         return holds(self, compiled)
     JaxBackend.holds_collectives = recording
+""")
+
+# A minibatch: 64 of the 128 (b, t) rows, drawn by a list of indices from the rollout split
+# by env, then a product with a shared weight (PPO's update reads its rollout this way).
+MINIBATCH = RECORDING + textwrap.dedent("""
     rng = np.random.default_rng(2)
     E, S, H, N = 8, 16, 3, 64
     ctx = tp.Context(dims=("b", "t"), parallel=("b",))
@@ -258,21 +262,7 @@ def test_rows_taken_from_split_envs_stay_split():
     assert 16 in run["product_rows"] and 64 not in run["product_rows"], run["product_rows"]
 
 
-MINIBATCH_LOOP = textwrap.dedent("""
-    import json
-    import re
-    import numpy as np
-    import tempo as tp
-    from tempo.reference import evaluate
-    from tempo.runtime.backends import JaxBackend
-
-    texts = []  # each program compiled for the mesh
-    holds = JaxBackend.holds_collectives
-
-    def recording(self, compiled):
-        texts.append(compiled.as_text())
-        return holds(self, compiled)
-    JaxBackend.holds_collectives = recording
+MINIBATCH_LOOP = RECORDING + textwrap.dedent("""
     rng = np.random.default_rng(3)
     E, S, H, N, K = 8, 16, 3, 32, 6
     ctx = tp.Context(dims=("b", "t", "k"), parallel=("b",))
