@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -72,19 +73,29 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
         return _compile_program(ctx, bounds, outputs, backend, passes, memory, loops, tile, distribution)
 
 
+_PAUSES = threading.Lock()
+_paused_by: list[bool] = []
+"""One entry per compile in progress (any thread): whether the collector was on when the
+first of them began."""
+
+
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused: a compile makes some 10^5 short-lived
     objects, enough to set off collections of the oldest generation, each of which walks
     every object of the process (JAX's, the user's): about 0.1 s of PPO's 1.1 s compile.
-    What the compile leaves for the collector is collected once it runs again."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+    What the compile leaves for the collector is collected once it runs again, when the
+    last compile in progress in the process ends."""
+    with _PAUSES:
+        _paused_by.append(gc.isenabled() if not _paused_by else _paused_by[0])
+        gc.disable()
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _PAUSES:
+            was_enabled = _paused_by.pop()
+            if not _paused_by and was_enabled:
+                gc.enable()
 
 
 def _compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor], backend: str,

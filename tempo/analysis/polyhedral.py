@@ -64,7 +64,7 @@ def named_map(text: str, sink: str, source: str) -> isl.UnionMap:
     """``union_map(text)`` with tuples ``SINK`` and ``SOURCE`` renamed ``sink`` and
     ``source``."""
     relation = union_map(text)
-    if relation.is_empty():  # (no tuples left to rename)
+    if relation.n_map() == 0:  # (isl found it empty when parsing: no tuples to rename)
         return relation
     renamed = isl.Map.from_union_map(relation).set_tuple_name(isl.dim_type.in_, sink) \
         .set_tuple_name(isl.dim_type.out, source)
@@ -74,7 +74,7 @@ def named_map(text: str, sink: str, source: str) -> isl.UnionMap:
 def named_set(text: str, name: str) -> isl.UnionSet:
     """``union_set(text)`` with tuple ``STATEMENT`` renamed ``name``."""
     points = union_set(text)
-    if points.is_empty():
+    if points.n_set() == 0:
         return points
     return isl.UnionSet.from_set(isl.Set.from_union_set(points).set_tuple_name(name))
 

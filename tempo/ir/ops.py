@@ -415,15 +415,15 @@ def _infer_take(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
 
 def _take(xp: Any, p: dict, x: Any, idx: Any) -> Any:
     """Rows ``idx`` of ``x`` along ``dim``. Over a device mesh, a list of indices taking
-    leading rows reads ``x`` whole on every device where it is small enough
-    (``XlaNamespace.gather_source``) and the rows it takes stay split over the devices
-    (``XlaNamespace.split_rows``): a minibatch drawn from a rollout split by env is then
-    computed on by every device for its part, and in a loop over minibatches the rollout
-    is gathered once, before the loop."""
+    leading rows reads ``x`` whole on every device where that costs little more than the
+    rows taken (``XlaNamespace.gather_source``), and the rows it takes stay split over the
+    devices (``XlaNamespace.split_rows``): a minibatch drawn from a rollout split by env
+    is then computed on by every device for its part, and in a loop over minibatches that
+    does not change the rollout, XLA copies it once, before the loop."""
     split = getattr(xp, "split_rows", None)
     if split is None or np.ndim(idx) != 1 or normalize_dim(p["dim"], x.ndim) != 0:
         return xp.take(x, idx, axis=p["dim"], mode="clip")
-    return split(xp.take(xp.gather_source(x), idx, axis=0, mode="clip"))
+    return split(xp.take(xp.gather_source(x, len(idx)), idx, axis=0, mode="clip"))
 
 
 # Tensor-valued indices are data: they cannot be checked before running, and a jitted

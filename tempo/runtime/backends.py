@@ -463,10 +463,14 @@ class JaxBackend:
 
 
 GATHER_WHOLE_MAX_BYTES = 64 << 20
-"""Over a mesh, arrays rows are taken from by indices are copied whole to every device up
-to this size (``XlaNamespace.gather_source``). PPO over 4 forced CPU devices, 64 envs x 128
-steps: 12 collectives per minibatch -> 3, 0.071-0.078 -> 0.057-0.060 s an iteration. Above
-it a copy per device would cost more memory than the collectives cost time."""
+GATHER_WHOLE_MAX_RATIO = 16
+"""Over a mesh, an array a list of indices takes rows from is copied whole to every device
+when it holds at most ``GATHER_WHOLE_MAX_BYTES`` and at most ``GATHER_WHOLE_MAX_RATIO``
+times the rows taken (``XlaNamespace.gather_source``). PPO over 4 forced CPU devices, 64
+envs x 128 steps (minibatches of a quarter of the rollout): 12 collectives per minibatch
+update -> 3, 0.071-0.078 -> 0.057-0.060 s an iteration. The ratio bounds the cost where
+XLA cannot copy once for many takes (outside a loop, or from an array the loop changes,
+such as a replay buffer sampled at every step): at most 16 times the rows' own traffic."""
 
 HOST_SORT_MIN = 4096
 """Keys from which a CPU ``argsort`` is NumPy's (``XlaNamespace``): 4,096 keys, 0.17 ms
@@ -512,14 +516,16 @@ class XlaNamespace:
             return x
         return self.place_on_mesh(x, 0)
 
-    def gather_source(self, x: Any) -> Any:
-        """``x`` whole on every device where it is at most ``GATHER_WHOLE_MAX_BYTES``, for
-        a take of rows by indices (``ops._take``); ``x`` itself otherwise and without a
-        mesh. A take from rows split over the devices costs collectives at every take
-        (XLA sends each device all the indices, gathers masked and sums the rows): a
-        copy made once, outside the loop where ``x`` does not change in it (XLA hoists
-        it), leaves each take local."""
-        if self._mesh is None or x.size * x.dtype.itemsize > GATHER_WHOLE_MAX_BYTES:
+    def gather_source(self, x: Any, taken: int) -> Any:
+        """``x`` whole on every device, for a take of ``taken`` of its leading rows by a
+        list of indices (``ops._take``), where that costs little more than moving the rows
+        (``GATHER_WHOLE_MAX_BYTES``, ``GATHER_WHOLE_MAX_RATIO``); ``x`` itself otherwise
+        and without a mesh. From rows split over the devices every take costs collectives
+        (XLA sends each device all the indices, gathers masked and sums the rows); from a
+        whole copy it is local, and in a loop that does not change ``x`` XLA makes the
+        copy once, before the loop."""
+        if self._mesh is None or x.size * x.dtype.itemsize > GATHER_WHOLE_MAX_BYTES \
+                or x.shape[0] > GATHER_WHOLE_MAX_RATIO * taken:
             return x
         from jax.sharding import NamedSharding, PartitionSpec
         return self._jax.lax.with_sharding_constraint(x, NamedSharding(self._mesh, PartitionSpec()))

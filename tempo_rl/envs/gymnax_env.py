@@ -54,9 +54,12 @@ its 1.1 s import on a 2-core CPU (seaborn brings pandas and scipy.stats)."""
 
 
 class _Deferred(types.ModuleType):
-    """Stands in for a module until an attribute of it is used, then imports it."""
+    """Stands in for a module until an attribute of it is used, then imports it (taking
+    itself out of ``sys.modules`` first, should that be while gymnax is imported)."""
 
     def __getattr__(self, attr: str) -> Any:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
         return getattr(importlib.import_module(self.__name__), attr)
 
 

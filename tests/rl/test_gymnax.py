@@ -50,6 +50,13 @@ def test_making_an_env_defers_gymnax_plotting_modules():
         assert callable(pong.plt.subplots)
         import seaborn
         assert type(seaborn) is types.ModuleType and seaborn.color_palette is not None
+        from tempo_rl.envs.gymnax_env import _plotting_deferred  # used while gymnax imports
+        del sys.modules["matplotlib.pyplot"]
+        with _plotting_deferred():
+            stand_in = sys.modules["matplotlib.pyplot"]
+            assert type(stand_in) is not types.ModuleType
+            assert callable(stand_in.subplots)  # imports the real module
+        assert type(sys.modules["matplotlib.pyplot"]) is types.ModuleType
         print("ok")
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -300,6 +300,18 @@ def test_rows_taken_in_a_loop_are_gathered_once_before_it():
     assert any(shape.startswith("f32[128,3]") for shape in run["gathered"]), run["gathered"]
 
 
+def test_few_rows_taken_in_a_loop_leave_their_source_split():
+    """4 rows of 128 a step: a whole copy would cost more than 16 times the rows
+    (``GATHER_WHOLE_MAX_RATIO``), so the rows are gathered from the split source at each
+    step, as XLA does it (the indices all-gathered, the masked rows summed)."""
+    sizes = "E, S, H, N, K = 8, 16, 3, 32, 6"
+    assert sizes in MINIBATCH_LOOP
+    run = _run_with_devices(MINIBATCH_LOOP.replace(sizes, "E, S, H, N, K = 8, 16, 3, 4, 6"))
+    np.testing.assert_allclose(run["got"], run["reference"], rtol=1e-5, atol=1e-5)
+    assert not any(shape.startswith("f32[128,3]") for shape in run["gathered"]), run["gathered"]
+    assert "all-gather" in [kind for _, kind in run["in_loops"]], run["in_loops"]
+
+
 def test_one_device_run_splits_nothing(split_runs):
     one = split_runs["one"]
     assert one["shards"] == 0

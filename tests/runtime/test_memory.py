@@ -280,17 +280,37 @@ def test_a_negative_donation_threshold_is_rejected():
         tp.MemoryPolicy(donate_min_bytes=-1)
 
 
-@pytest.mark.parametrize("kind", ["point", "block"])
+class _AllSplit:
+    """A NumPy backend that reports every value split over devices (``SplitPointStore``
+    counts their bytes in ``MemoryStats.split``)."""
+
+    def __init__(self) -> None:
+        from tempo.runtime.backends import NumpyBackend
+        self._numpy = NumpyBackend()
+
+    def is_split(self, value) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._numpy, name)
+
+
+@pytest.mark.parametrize("kind", ["point", "block", "split", "split, shapes vary"])
 def test_freeing_many_points_is_freeing_each(kind):
     """A loop's frees, batched (``free_many``), leave a store as one free per point
-    does: the same values and rows held, live points and bytes; a block's buffer is
-    released once all its rows were written and freed."""
+    does: the same values and rows held, live points and bytes (split bytes too); a
+    block's buffer is released once all its rows were written and freed."""
     from tempo.runtime.backends import NumpyBackend
-    from tempo.runtime.stores import BlockStore, MemoryStats, PointStore
+    from tempo.runtime.stores import BlockStore, MemoryStats, PointStore, SplitPointStore
 
     def filled() -> tuple:
         stats = MemoryStats()
-        if kind == "point":
+        if kind.startswith("split"):
+            store = SplitPointStore(_AllSplit(), stats, lambda sizes: np.zeros(sizes),
+                                    point_bytes=None if kind.endswith("vary") else 16)
+            store.write_rows([(0, k) for k in range(4)], np.arange(8.0).reshape(4, 2), list(range(4)))
+            store.write((1, 0), np.ones(2))
+        elif kind == "point":
             store = PointStore(NumpyBackend(), stats, lambda sizes: np.zeros(sizes))
             store.write_rows([(0, k) for k in range(4)], np.arange(8.0).reshape(4, 2), list(range(4)))
             store.write((1, 0), np.ones(2))
@@ -305,10 +325,12 @@ def test_freeing_many_points_is_freeing_each(kind):
     for point in points:
         one.free(point)
     many, many_stats = filled()
-    many.free_many(points)
+    many.free_many(points + ([] if kind == "block" else [(0, 2)]))  # (a point named twice)
     assert many_stats == one_stats
     assert many_stats.live == 0
-    if kind == "point":
+    if kind.startswith("split"):
+        assert one_stats.split.now == 0 and one_stats.split.peak == 5 * 16
+    if kind != "block":
         assert not many.data and not many.data.rows
     else:
         assert list(many.blocks) == list(one.blocks) == [(1,)]  # (1,): one of 4 rows written

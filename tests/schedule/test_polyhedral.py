@@ -4,7 +4,7 @@ parsing the text with the statements' own names gives."""
 import islpy as isl
 import pytest
 
-from tempo.analysis.polyhedral import ISL, SINK, SOURCE, STATEMENT, named_map, named_set, union_of
+from tempo.analysis.polyhedral import ISL, SINK, SOURCE, STATEMENT, named_map, named_set, union_map, union_of
 
 MAPS = [
     f"{{ {SINK}[a0, a1] -> {SOURCE}[b0, b1] : 0 <= a0 < 8 and 0 <= a1 < 64 and b0 = a0 and b1 = a1 - 1 "
@@ -14,6 +14,8 @@ MAPS = [
     f"[p_T] -> {{ {SINK}[a0] -> {SOURCE}[b0] : 0 <= a0 < p_T and a0 <= b0 < p_T }}",
     f"{{ {SINK}[a0] -> {SOURCE}[] : 0 <= a0 < 4 }}",
     f"{{ {SINK}[a0] -> {SOURCE}[b0] : 0 <= a0 < 4 and false }}",  # empty
+    # empty, but isl keeps the pieces when it parses it (it does not solve the constraints)
+    f"{{ {SINK}[a0, a1] -> {SOURCE}[b0] : a0 + a1 >= 10 and 0 <= a0 <= 2 and 0 <= a1 <= 2 and b0 = a0 }}",
 ]
 
 
@@ -38,6 +40,7 @@ def test_named_map_is_the_text_parsed_with_those_names(text, sink, source):
     f"[p_T] -> {{ {STATEMENT}[a0] : 0 <= a0 < p_T and a0 % 2 = 0 }}",
     f"{{ {STATEMENT}[] }}",
     f"{{ {STATEMENT}[a0] : 0 <= a0 < 0 }}",
+    f"{{ {STATEMENT}[a0, a1] : a0 + a1 >= 10 and 0 <= a0 <= 2 and 0 <= a1 <= 2 }}",
 ])
 def test_named_set_is_the_text_parsed_with_that_name(text):
     got = named_set(text, "S12")
@@ -49,6 +52,7 @@ def test_a_rename_leaves_the_shared_parse_alone():
     first = named_map(MAPS[0], "S1", "S2")
     named_map(MAPS[0], "S9", "S8")
     assert first.is_equal(_parsed(MAPS[0], {SINK: "S1", SOURCE: "S2"}))
+    assert f"{SINK}[" in str(union_map(MAPS[0])) and "S1[" not in str(union_map(MAPS[0]))
 
 
 def test_union_of_is_the_union_of_every_set():
