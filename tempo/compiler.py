@@ -11,7 +11,6 @@ executes, and knows nothing of contexts or recurrent tensors.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
 import time
@@ -69,33 +68,38 @@ def compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTenso
     varying-length reads (``tempo.passes.tile``; default: chosen per read, and only on
     backends that compile per shape); ``distribution`` the devices a parallel dim is split
     over (default: one device)."""
-    with _collector_paused():
+    with _collector_paused:
         return _compile_program(ctx, bounds, outputs, backend, passes, memory, loops, tile, distribution)
 
 
-_PAUSES = threading.Lock()
-_paused_by: list[bool] = []
-"""One entry per compile in progress (any thread): whether the collector was on when the
-first of them began."""
+class _CollectorPause:
+    """Python's cyclic garbage collector paused while any compile is in progress (in any
+    thread): a compile makes some 10^5 short-lived objects, enough to set off collections
+    of the oldest generation, each of which walks every object of the process (JAX's, the
+    user's): about 0.1 s of PPO's 1.1 s compile. What the compiles leave for the collector
+    is collected once it runs again, when the last of them ends (if it was on when the
+    first began)."""
 
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.compiles = 0
+        self.was_enabled = False
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused: a compile makes some 10^5 short-lived
-    objects, enough to set off collections of the oldest generation, each of which walks
-    every object of the process (JAX's, the user's): about 0.1 s of PPO's 1.1 s compile.
-    What the compile leaves for the collector is collected once it runs again, when the
-    last compile in progress in the process ends."""
-    with _PAUSES:
-        _paused_by.append(gc.isenabled() if not _paused_by else _paused_by[0])
-        gc.disable()
-    try:
-        yield
-    finally:
-        with _PAUSES:
-            was_enabled = _paused_by.pop()
-            if not _paused_by and was_enabled:
+    def __enter__(self) -> None:
+        with self.lock:
+            if not self.compiles:
+                self.was_enabled = gc.isenabled()
+                gc.disable()
+            self.compiles += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.compiles -= 1
+            if not self.compiles and self.was_enabled:
                 gc.enable()
+
+
+_collector_paused = _CollectorPause()
 
 
 def _compile_program(ctx: Context, bounds: dict, outputs: Sequence[RecurrentTensor], backend: str,

@@ -51,7 +51,7 @@ def test_compiles_in_two_threads_turn_the_collector_back_on_once_both_end():
     inside, leave = threading.Event(), threading.Event()
 
     def other() -> None:
-        with _collector_paused():
+        with _collector_paused:
             inside.set()
             leave.wait(10)
     was = gc.isenabled()
@@ -60,7 +60,7 @@ def test_compiles_in_two_threads_turn_the_collector_back_on_once_both_end():
         thread = threading.Thread(target=other)
         thread.start()
         inside.wait(10)
-        with _collector_paused():
+        with _collector_paused:
             assert not gc.isenabled()
         assert not gc.isenabled()  # the other compile is still going
         leave.set()

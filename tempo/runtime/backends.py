@@ -504,9 +504,7 @@ class XlaNamespace:
         ``x`` itself without a mesh."""
         if self._mesh is None:
             return x
-        from jax.sharding import NamedSharding, PartitionSpec
-        spec = PartitionSpec(*(None,) * dim, self._mesh.axis_names[0])
-        return self._jax.lax.with_sharding_constraint(x, NamedSharding(self._mesh, spec))
+        return self._laid_out(x, (None,) * dim + (self._mesh.axis_names[0],))
 
     def split_rows(self, x: Any) -> Any:
         """``x`` with its leading axis split over the mesh where it divides evenly (a
@@ -527,8 +525,13 @@ class XlaNamespace:
         if self._mesh is None or x.size * x.dtype.itemsize > GATHER_WHOLE_MAX_BYTES \
                 or x.shape[0] > GATHER_WHOLE_MAX_RATIO * taken:
             return x
+        return self._laid_out(x, ())
+
+    def _laid_out(self, x: Any, spec: tuple) -> Any:
+        """``x`` constrained to the mesh layout ``spec`` (per axis: the mesh axis it is
+        split over, or None; ``()``: whole on every device)."""
         from jax.sharding import NamedSharding, PartitionSpec
-        return self._jax.lax.with_sharding_constraint(x, NamedSharding(self._mesh, PartitionSpec()))
+        return self._jax.lax.with_sharding_constraint(x, NamedSharding(self._mesh, PartitionSpec(*spec)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jnp, name)
