@@ -23,6 +23,7 @@ from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
 from tempo.options import LoopPolicy, MemoryPolicy
 from tempo.runtime.backends import Backend
+from tempo.runtime.blocks import KernelBuffers, device_blocks, kernel_buffers, source_store, whole_buffers
 from tempo.runtime.footprint import Footprint, Prediction
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
@@ -316,7 +317,7 @@ def _compile_ahead(root: ast.Node, schedule: Schedule, graph: SDG, stores: dict,
             continue
         donate = tuple(k for k, e in enumerate(edges)  # device values: a host op's stay NumPy
                        if schedule.last_reads.get(e, FALSE) is not FALSE and not e.src.definition.host
-                       and type(_source_store(e, stores)) is PointStore)
+                       and type(source_store(e, stores)) is PointStore)
         params = resolve_params(op.params, bounds)
         variants = ((), donate) if donate else ((),)
         started = [future for given in variants
@@ -335,12 +336,12 @@ def _kernel_inputs(op: Op, edges: list[Edge], stores: dict,
     no device block buffer. Else None."""
     if op.definition.host or op.kind in ("merge", "sum_readers", "const") \
             or param_symbols(op.params) & set(op.domain) or not has_static_shapes(op, edges, set(bounds)) \
-            or any(_device_blocks(stores[(op.id, k)]) for k in range(len(op.outputs))):
+            or any(device_blocks(stores[(op.id, k)]) for k in range(len(op.outputs))):
         return None
     inputs = []
     for edge in edges:
-        store = _source_store(edge, stores)
-        if type(store) not in (PointStore, BlockStore, WindowStore) or _device_blocks(store) \
+        store = source_store(edge, stores)
+        if type(store) not in (PointStore, BlockStore, WindowStore) or device_blocks(store) \
                 or len(edge.slices) > 1 and (type(store) is not PointStore or edge.rows_at):
             return None
         t = edge.src.outputs[edge.src_out]
@@ -518,7 +519,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     static_shapes = not op.definition.host and has_static_shapes(op, edges, set(bounds), tiled=True)
-    reads = [(_reader(_source_store(e, stores), e, not static_shapes, backend),
+    reads = [(_reader(source_store(e, stores), e, not static_shapes, backend),
               compile_function(e.phi, op.domain, bounds)) for e in edges]
     writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
     if op.kind == "merge":
@@ -556,7 +557,7 @@ def _merge_launcher(op: Op, edges: list[Edge], reads: list, write: Callable,
 def _reader_sum_launcher(op: Op, edge: Edge, stores: dict, bounds: dict[Symbol, int],
                          backend: Backend) -> Launcher:
     accumulate = compile_reader_sum(op.params["reads"], op.domain, bounds)
-    read = _source_store(edge, stores).reader(False)
+    read = source_store(edge, stores).reader(False)
     write = stores[(op.id, 0)].write
     out = op.outputs[0]
     shape = compile_function(out.shape, op.domain, bounds)
@@ -621,16 +622,14 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     static_params = None if symbolic else resolve_params(op.params, bounds)
     kernel = backend.kernel(op, static_params, static_shapes)
     domain = op.domain
-    blocks = [k for k, e in enumerate(edges) if _device_block_slice(e, stores)]
-    written = [k for k in range(len(op.outputs)) if _written_by_kernel(op, k, edges, blocks, stores)]
-    if (blocks or written) and static_params is not None and static_shapes and backend.name == "jax":
-        widens = _widens_prefix_reads(op, edges, blocks, stores, set(bounds))
+    buffers = kernel_buffers(op, edges, stores, set(bounds))
+    if buffers is not None and static_params is not None and static_shapes and backend.name == "jax":
         # shapes that change along the dim: tiled reads' row counts, growing buffers' lengths
-        changing = any(edges[k].tiled for k in blocks) or any(stores[(op.id, k)].step for k in written)
+        changing = any(edges[k].tiled for k in buffers.blocks) or any(t.step for t in buffers.targets)
         kept = _Programs(backend) if programs is None else programs.setdefault(op.id, _Programs(backend))
-        return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, blocks, written,
-                               stores, kept, widens, extent if changing else 0)
-    donors = [(k, compile_function([last_reads[e]], domain, bounds), _source_store(e, stores))
+        return _block_launcher(op, edges, reads, writes, static_params, backend, kernel, buffers,
+                               kept, extent if changing else 0)
+    donors = [(k, compile_function([last_reads[e]], domain, bounds), source_store(e, stores))
               for k, e in enumerate(edges) if last_reads.get(e, FALSE) is not FALSE]
     if donors and static_params is not None and static_shapes:
         return _donating_launcher(op, reads, writes, static_params, backend, kernel, donors)
@@ -651,124 +650,22 @@ def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callab
     return launch
 
 
-def _source_store(edge: Edge, stores: dict) -> Any:
-    """The store that ``edge`` reads."""
-    return stores[(edge.src.id, edge.src_out)]
-
-
-def _device_block_slice(edge: Edge, stores: dict) -> bool:
-    """Whether ``edge`` reads a slice of the innermost dim only (points of the others) of a
-    block store whose buffers are on the device, with the rows where the store keeps them."""
-    store = _source_store(edge, stores)
-    return _device_blocks(store) and len(edge.slices) == 1 and edge.slices[0] == len(edge.phi) - 1 \
-        and edge.rows_at == store.rows_axis
-
-
-def _written_by_kernel(op: Op, k: int, edges: list[Edge], blocks: list[int], stores: dict) -> bool:
-    """Whether ``op``'s kernel can write its output ``k`` into its store's device buffers
-    itself: where it reads that buffer too, only as the earlier rows its ``put_row``
-    members complete with the row it writes (``tempo.passes.newest``)."""
-    store = stores[(op.id, k)]
-    return _device_blocks(store) and all(
-        n in blocks and _rows_put(op, n) for n, e in enumerate(edges) if _source_store(e, stores) is store)
-
-
-def _rows_put(op: Op, n: int) -> bool:
-    """Whether fused ``op`` uses its input ``n`` only as the rows of ``put_row`` members."""
-    if op.kind != "fused":
-        return False
-    uses = [m for m in op.params["members"] if ("in", n) in m.args]
-    return bool(uses) and all(m.kind == "put_row" and m.args.index(("in", n)) == 0
-                              and m.args.count(("in", n)) == 1 for m in uses)
-
-
-def _device_blocks(store: Any) -> bool:
-    """Whether ``store`` is a block (or window) store with device buffers, which kernels
-    slice and write themselves."""
-    return isinstance(store, BlockStore) and store.buffers.on_device
-
-
-WHOLE_BUFFER_SHARE = 0.6
-"""A kernel whose tiled reads of a buffer's first rows (``k[0:t+1]``, padded) cover more
-than this share of the buffer reads the whole buffer instead (``_widens_prefix_reads``).
-On XLA CPU, slicing the rows out inside the kernel copies them, and the copy costs about
-as much as the attention over them: batch 8, 8,208-row buffers, attention alone over
-4,096 sliced rows 1.6 ms against 1.1 ms over the whole buffer masked (0.25 against 1.15
-ms at 1,024 rows). Greedy decoding (small config, causal, one kernel per position,
-2026-11-26, two rounds, tokens/s at shares 1/3, 0.5, 0.6, 0.75, 1 (never)): batch 1 at
-8K tokens 892 / 961 at 1/3, 917 / 1,074 at 0.5, 1,000-1,054 at 0.6, 994 / 1,047 at 0.75,
-938 / 1,016 never; batch 8 at 8K 1,275 / 1,192, 1,373 / 1,408, 1,334-1,430, 1,385 /
-1,386, 1,035 / 1,138; batch 8 at 2K 3,847 / 3,987 at 1/3, 4,477 / 4,453 at 0.6."""
-
-
-def _widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: dict,
-                         known: set[Symbol]) -> bool:
-    """Whether ``op``'s kernel may read whole buffers where its reads ``blocks`` ask for
-    their first rows: every such read is padded to tiles (``tempo.passes.tile``: the
-    kernel masks every row past the read's points, whatever their number) from a growing
-    block store (a window's ring does not start at row 0), and nothing else the kernel
-    reads or makes has the padded length (it would not match the whole buffer's)."""
-    reads = [edges[k] for k in blocks]
-    if not reads or not all(e.tiled and not isinstance(_source_store(e, stores), WindowStore) for e in reads):
-        return False
-    others = [e for k, e in enumerate(edges) if k not in blocks]
-    shapes = [d for t in op.outputs for d in t.shape]
-    for e in others:
-        shapes += [*e.src.outputs[e.src_out].shape, *(x.size for x in e.phi if isinstance(x, Slice))]
-    return all(d.symbols() <= known for d in shapes)
-
-
-def _reads_rings_whole(op: Op, edges: list[Edge], blocks: list[int], sources: list[Any]) -> bool:
-    """Whether ``op``'s kernel may read its block reads ``blocks`` (from ``sources``) as
-    whole rings, their rows in ring order (``WindowStore.ring_slice``): every one is a
-    tiled read of a ring, and nothing else the kernel reads or makes has a padded read's
-    length. Such a value would have its rows in the points' order: a slice read the
-    kernel does not take from a device buffer, or a value of the padded axis made by
-    another kernel or read by one (without fusion, the scores' matmul is a kernel of its
-    own). A value of that length for another reason (a hidden size equal to the window)
-    is refused too: the points' order is then kept."""
-    reads = [edges[k] for k in blocks]
-    if not reads or not all(e.tiled and isinstance(store, WindowStore) for e, store in zip(reads, sources)):
-        return False
-    padded = {e.phi[-1].pad for e in reads}
-    others = [e for k, e in enumerate(edges) if k not in blocks]
-    if any(e.slices for e in others):
-        return False
-    made = {d for t in op.outputs for d in t.shape}
-    read = {d for e in others for d in e.src.outputs[e.src_out].shape}
-    return not padded & (made | read)
-
-
-def _whole_buffers(found: list[tuple[Any, int, int]], axes: list[int]) -> list[tuple[Any, int, int]]:
-    """``found`` (a kernel's block reads: buffer, first row, rows) with whole buffers where
-    every read is of the first rows, all of one length, of buffers of one length, and that
-    length covers more than ``WHOLE_BUFFER_SHARE`` of it."""
-    lengths = {block.shape[axis] for (block, _, _), axis in zip(found, axes)}
-    rows = {count for _, _, count in found}
-    if len(lengths) != 1 or len(rows) != 1 or any(start for _, start, _ in found):
-        return found
-    (length,), (count,) = lengths, rows
-    if count >= length or count <= WHOLE_BUFFER_SHARE * length:
-        return found
-    return [(block, 0, length) for block, _, _ in found]
-
-
 def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable], params: dict,
-                    backend: Backend, kernel: Callable, blocks: list[int], written: list[int],
-                    stores: dict, programs: _Programs, widens: bool = False, bound: int = 0) -> Launcher:
+                    backend: Backend, kernel: Callable, layout: KernelBuffers, programs: _Programs,
+                    bound: int = 0) -> Launcher:
     """A device launcher whose kernel (``JaxBackend.block_kernel``) slices the device
-    buffers its inputs ``blocks`` read and writes its outputs ``written`` into their
-    stores' device buffers itself (a read of a buffer it writes is of the rows its
-    ``put_row`` members complete, ``_written_by_kernel``). Where a read is not one run of
-    a buffer's rows (an empty unpadded slice, a buffer not made yet), the plain kernel runs
-    on the reads' values and writes through the stores. Its other inputs are not donated.
-    ``widens``: long reads of the buffers' first rows read the whole buffers
-    (``_whole_buffers``).
+    buffers its inputs ``layout.blocks`` read and writes its outputs ``layout.written``
+    into their stores' device buffers itself (a read of a buffer it writes is of the rows
+    its ``put_row`` members complete, ``blocks.written_by_kernel``). Where a read is not
+    one run of a buffer's rows (an empty unpadded slice, a buffer not made yet), the plain
+    kernel runs on the reads' values and writes through the stores. Its other inputs are
+    not donated. ``layout.widens``: long reads of the buffers' first rows read the whole
+    buffers (``blocks.whole_buffers``).
 
     A kernel whose block reads are all tiled reads of windows' rings reads the whole rings,
     their rows in ring order rather than in the points' (no slice: a window decoder's
     attention reads its keys and values as they lie), where nothing else it reads or makes
-    has the padded length (``_reads_rings_whole``). The order does not matter to such a
+    has the padded length (``reads_rings_whole``). The order does not matter to such a
     kernel: the tile pass lets a padded axis flow only through elementwise ops between
     values of the same reads, permutes, matmuls and reductions, and masks the rows past a
     read's points, so one permutation of every read's rows that keeps the masked rows
@@ -780,17 +677,13 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     (``_Programs``, ``JaxBackend.compile_later``): a decoder's first generation compiles
     its next tiles while it decodes."""
     multi = op.definition.multi_output
-    sources = [_source_store(edges[k], stores) for k in blocks]
-    axes = [store.rows_axis for store in sources]
-    targets = [stores[(op.id, k)] for k in written]
-    shared = tuple((k, next(j for j, t in enumerate(targets) if t is store))
-                   for k, store in zip(blocks, sources) if any(t is store for t in targets))
+    blocks, written, sources, targets = layout.blocks, layout.written, layout.sources, layout.targets
+    axes, shared, widens = list(layout.axes), layout.shared, layout.widens
     slices = tuple(zip(blocks, axes))
     slicers = [(k, store.block_slice) for k, store in zip(blocks, sources)]
     in_buffer = {k for k, _ in shared}
     others = [write for k, write in enumerate(writes) if k not in written]
-    rings = [(k, store.ring_slice) for k, store in zip(blocks, sources)] \
-        if _reads_rings_whole(op, edges, blocks, sources) else []
+    rings = [(k, store.ring_slice) for k, store in zip(blocks, sources)] if layout.rings else []
 
     def located(indices: list[tuple], ahead: bool = False) -> list[tuple[Any, int, int] | None]:
         """Each block read's buffer, first row and rows (None: not one run of a buffer's
@@ -803,7 +696,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             if all(w is not None for w in whole) and len({rows for _, _, rows in whole}) == 1:
                 return whole
         found = [slicer(indices[k], ahead) for k, slicer in slicers]
-        return found if any(f is None for f in found) or not widens else _whole_buffers(found, axes)
+        return found if any(f is None for f in found) or not widens else whole_buffers(found, axes)
 
     def arguments(xs: list[Any], found: list[tuple[Any, int, int]], buffers: list[Any],
                   slots: list[int]) -> tuple:
@@ -816,7 +709,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
         return (*xs, *buffers, *(np.int32(row) for row in slots))
 
     buffer_kernel = backend.block_kernel(op, params, len(edges), slices,
-                                          tuple((k, stores[(op.id, k)].rows_axis) for k in written), shared)
+                                          tuple((k, t.rows_axis) for k, t in zip(written, targets)), shared)
 
     def later_launches(point: tuple[int, ...], xs: list[Any], buffers: list[Any],
                        slots: list[int]) -> list[tuple[tuple[int, ...], tuple]]:
