@@ -298,31 +298,39 @@ class JaxBackend:
             if frozen is not None else (self._by_op, ("blocks", op.id, slices, writes, shared))
         kernel = cache.get(key)
         if kernel is None:
-            fn, xp, jax = op.definition.kernel, self.xp, self.jax
-            multi, on_cpu = op.definition.multi_output, self.on_cpu
-            in_buffer = dict(shared)
-            into_buffers = {out for out, _ in writes}
-
-            def run(rows: tuple[int, ...], *args: Any) -> Any:
-                xs = list(args[:inputs])
-                at = iter(args[inputs + len(writes):])
-                buffers = [_WrittenBuffer(jax.lax, block, axis, next(at), on_cpu)
-                           for block, (_, axis) in zip(args[inputs:inputs + len(writes)], writes)]
-                for (position, axis), count in zip(slices, rows):
-                    if position in in_buffer:
-                        xs[position] = _RowsToPut(buffers[in_buffer[position]], xs[position], count)
-                        continue
-                    block, start = xs[position]
-                    xs[position] = _first_rows(jax.lax, block, start, count, axis)
-                outs = fn(xp, params, *xs)
-                if not writes:
-                    return outs
-                outs = tuple(outs) if multi else (outs,)
-                written = tuple(buffer.written(outs[out]) for buffer, (out, _) in zip(buffers, writes))
-                return tuple(o for k, o in enumerate(outs) if k not in into_buffers), written
             donate = tuple(range(1 + inputs, 1 + inputs + len(writes)))
-            kernel = cache[key] = jax.jit(run, static_argnums=0, donate_argnums=donate)
+            run = self.block_body(op, params, inputs, slices, writes, shared)
+            kernel = cache[key] = self.jax.jit(run, static_argnums=0, donate_argnums=donate)
         return kernel
+
+    def block_body(self, op: Op, params: dict, inputs: int, slices: tuple[tuple[int, int], ...],
+                   writes: tuple[tuple[int, int], ...] = (),
+                   shared: tuple[tuple[int, int], ...] = ()) -> Callable:
+        """What ``block_kernel`` compiles, as a function to trace: ``fn(rows, *inputs,
+        *buffers, *rows_written)`` (a lowered loop's scan calls it at each iteration)."""
+        fn, xp, jax = op.definition.kernel, self.xp, self.jax
+        multi, on_cpu = op.definition.multi_output, self.on_cpu
+        in_buffer = dict(shared)
+        into_buffers = {out for out, _ in writes}
+
+        def run(rows: tuple[int, ...], *args: Any) -> Any:
+            xs = list(args[:inputs])
+            at = iter(args[inputs + len(writes):])
+            buffers = [_WrittenBuffer(jax.lax, block, axis, next(at), on_cpu)
+                       for block, (_, axis) in zip(args[inputs:inputs + len(writes)], writes)]
+            for (position, axis), count in zip(slices, rows):
+                if position in in_buffer:
+                    xs[position] = _RowsToPut(buffers[in_buffer[position]], xs[position], count)
+                    continue
+                block, start = xs[position]
+                xs[position] = _first_rows(jax.lax, block, start, count, axis)
+            outs = fn(xp, params, *xs)
+            if not writes:
+                return outs
+            outs = tuple(outs) if multi else (outs,)
+            written = tuple(buffer.written(outs[out]) for buffer, (out, _) in zip(buffers, writes))
+            return tuple(o for k, o in enumerate(outs) if k not in into_buffers), written
+        return run
 
     def compile_later(self, kernel: Callable, static: Any, args: tuple) -> Future:
         """Compile jitted ``kernel`` for static argument ``static`` and arguments shaped as

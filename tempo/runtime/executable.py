@@ -120,6 +120,9 @@ class Executable:
             root, self._lowered = lower_loops(root, schedule.statements, graph, bounds, self.loops.nests)
         self.loop_choices = {name: LoopChoice(name, statement_names(lowerable.loop), depth(lowerable.loop))
                              for name, lowerable in self._lowered.items()}
+        self._spanned = {schedule.statements[s].op.id for lowerable in self._lowered.values()
+                         if lowerable.spans for s in statement_names(lowerable.loop)}
+        """The ops of loops lowered in spans (``tempo.runtime.lowering``)."""
         """Per lowerable loop: its statements, the timings and the form the runs chose
         (``tempo.runtime.lowering``)."""
         self._launchers: dict[str, LoopLauncher] = {}
@@ -151,7 +154,7 @@ class Executable:
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats,
                               self.swapped, self.windows)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
-                                     self.backend, shift, self.ctx.bound_of, self._programs)
+                                     self.backend, shift, self.ctx.bound_of, self._programs, self._spanned)
         ahead: list[Future] = []  # (cancelled at the end: kernels of statements not reached)
         if not self._compiled_ahead:  # later runs find the kernels compiled
             self._compiled_ahead = True
@@ -278,13 +281,16 @@ def _checked_origin(ctx: ProgramDims, origin: dict[Symbol, int]) -> dict[Symbol,
 
 
 def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[Symbol, int],
-                     backend: Backend, shift: dict[Symbol, int],
-                     bound_of: dict[Symbol, Symbol], programs: dict[int, _Programs]) -> dict[str, Callable]:
+                     backend: Backend, shift: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
+                     programs: dict[int, _Programs], spanned: Collection[int] = ()) -> dict[str, Callable]:
+    """Per statement, its launcher. The ops of ``spanned`` run in a loop lowered in spans:
+    their later points run in scans, so a block launcher of theirs compiles no later row
+    counts ahead (``_block_launcher``)."""
     table: dict[str, Callable] = {}
     for name, stmt in schedule.statements.items():
         op = stmt.op
         if stmt.kind == "exec":
-            extent = bounds[bound_of[op.domain[-1]]] if op.domain else 0
+            extent = bounds[bound_of[op.domain[-1]]] if op.domain and op.id not in spanned else 0
             table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend, shift,
                                         schedule.last_reads, extent, programs)
         else:

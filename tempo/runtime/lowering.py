@@ -51,10 +51,12 @@ from tempo.ir.graph import SDG, Op, has_static_shapes
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.options import LoopPolicy
 from tempo.runtime import nest
+from tempo.runtime.blocks import KernelBuffers
 from tempo.runtime.plan import LoopPlanner, Plan, Slot, point_op, tuples
+from tempo.runtime.stores import WindowStore, grown_buffers
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
-from tempo.symbolic.expr import Symbol
+from tempo.symbolic.expr import Expr, Symbol, compile_vectorized
 
 if TYPE_CHECKING:
     from tempo.runtime.backends import JaxBackend
@@ -83,6 +85,10 @@ class LoopChoice:
     entries: int = 0
     """Times the loop was entered (a nest's inner loop: only in the nest's interpreted
     entries)."""
+    iterations: list[int] = field(default_factory=lambda: [0, 0])
+    """A loop lowered in spans: its iterations run in scans, and interpreted."""
+    scans: int = 0
+    """A loop lowered in spans: the scans that ran (its spans)."""
 
     def __str__(self) -> str:
         def ms(x: float | None) -> str:
@@ -92,6 +98,10 @@ class LoopChoice:
             return f"{name} [{', '.join(self.statements)}]: not entered"
         if self.form == "batched":
             return f"{name} [{', '.join(self.statements)}]: batched on the host (point ops and frees)"
+        if self.form == "spans":
+            lowered, interpreted = self.iterations
+            return (f"{name} [{', '.join(self.statements)}]: lowered in spans; {lowered} iterations in "
+                    f"{self.scans} scans, {interpreted} interpreted (compile {self.compile_seconds:.2f} s)")
         why = f" (interpreted: {self.fallbacks[0]})" if self.fallbacks else ""
         return (f"{name} [{', '.join(self.statements)}]: {self.form or 'undecided'}; per iteration "
                 f"interpreted {ms(self.interpreted)}, lowered {ms(self.lowered)} "
@@ -103,11 +113,16 @@ class LoopChoice:
 class Lowerable:
     """A loop (or loop nest) that statement ``L<k>`` runs at its ``outer`` counters, and
     its interpreted form: the loop with the lowerable loops inside it (a nest's inner
-    loop) replaced by their own statements."""
+    loop) replaced by their own statements. ``spans``: lowered in spans (see the module
+    doc)."""
 
     loop: ast.Loop
     outer: tuple[Symbol, ...]
     interpreted: ast.Loop
+    spans: bool = False
+    elsewhere: tuple[tuple[Expr, ...], ...] = ()
+    """Lowered in spans: the guards of the inner loops ``loop`` leaves out (a window's
+    frees after its last iteration): the iterations where one holds are interpreted."""
 
 
 def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
@@ -119,7 +134,10 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
     found: dict[str, Lowerable] = {}
 
     def lowerable(loop: ast.Loop) -> bool:
-        return _lowerable(loop, statements, graph, bounds, nests)
+        return _lowerable(loop, statements, graph, bounds, nests) or in_spans(loop)
+
+    def in_spans(loop: ast.Loop) -> bool:
+        return _lowerable_in_spans(loop, statements, graph, bounds)
 
     def visit(node: ast.Node, outer: tuple[Symbol, ...]) -> ast.Node:
         if isinstance(node, ast.Seq):
@@ -130,10 +148,14 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
         if isinstance(node, ast.Loop):
             inner = ast.Loop(node.var, node.start, node.cond, node.step,
                              visit(node.body, (*outer, node.var)))
-            if not _lowerable(node, statements, graph, bounds, nests):
-                return inner
             name = f"L{len(found)}"
-            found[name] = Lowerable(node, outer, inner)
+            if _lowerable(node, statements, graph, bounds, nests):
+                found[name] = Lowerable(node, outer, inner)
+                return ast.Stmt(name, outer)
+            reduced, guards = _without_inner_loops(node)
+            if reduced is None or not in_spans(reduced):
+                return inner
+            found[name] = Lowerable(reduced, outer, inner, spans=True, elsewhere=tuple(guards))
             return ast.Stmt(name, outer)
         return node
     return visit(root, ()), found
@@ -189,6 +211,63 @@ def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
         _device_op(op, graph, bounds) and not any(e.slices for e in graph.in_edges(op)) for op in execs)
 
 
+def _without_inner_loops(loop: ast.Loop) -> tuple[ast.Loop | None, list[tuple[Expr, ...]]]:
+    """``loop`` without the inner loops its body runs under a guard, and their guards
+    (None where an inner loop runs at every iteration)."""
+    guards: list[tuple[Expr, ...]] = []
+
+    def strip(node: ast.Node, guard: tuple[Expr, ...]) -> ast.Node | None:
+        if isinstance(node, ast.Loop):
+            if not guard:
+                raise ValueError
+            guards.append(guard)
+            return None
+        if isinstance(node, ast.Seq):
+            kept = [c for c in (strip(c, guard) for c in node.body) if c is not None]
+            return ast.Seq(tuple(kept)) if kept else None
+        if isinstance(node, ast.If):
+            then = strip(node.then, (*guard, node.cond))
+            orelse = strip(node.orelse, (*guard, ~node.cond)) if node.orelse is not None else None
+            return ast.If(node.cond, then or ast.Seq(()), orelse) if then or orelse else None
+        return node
+    try:
+        body = strip(loop.body, ())
+    except ValueError:
+        return None, []
+    return ast.Loop(loop.var, loop.start, loop.cond, loop.step, body or ast.Seq(())), guards
+
+
+def _lowerable_in_spans(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
+                        bounds: dict[Symbol, int]) -> bool:
+    """A ``range`` loop without inner loops whose statements are those of a lowerable
+    loop (``_lowerable``), block kernels (``_block_kernel_op``: one at least), and host
+    ops that run at some iterations only (guarded: a decoder's prompt)."""
+    if not nest.is_nest(loop) or nest.depth(loop) > 1:
+        return False
+    items = nest.levels_and_items(nest.unpeeled(loop))[1]
+    execs = [(statements[item.stmt.name].op, item.guard) for item in items
+             if statements[item.stmt.name].kind == "exec" and not point_op(statements[item.stmt.name].op)]
+    if len({op.id for op, _ in execs}) != len(execs) or not any(_block_kernel_op(op, graph, bounds)
+                                                                 for op, _ in execs):
+        return False
+    return all(_block_kernel_op(op, graph, bounds) or op.definition.host and guard
+               or _device_op(op, graph, bounds) and not any(e.slices for e in graph.in_edges(op))
+               for op, guard in execs)
+
+
+def _block_kernel_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
+    """A fused device op whose slice reads are all tiled reads of its own outputs' earlier
+    rows along the loop's dim (``tempo.passes.newest``): on JAX its kernel writes those
+    rows into device buffers and reads them there (``tempo.runtime.blocks``), and a scan
+    can carry the buffers."""
+    edges = graph.in_edges(op)
+    slices = [e for e in edges if e.slices]
+    return bool(slices) and op.kind == "fused" and not op.definition.host \
+        and not (param_symbols(op.params) & set(op.domain)) \
+        and has_static_shapes(op, edges, set(bounds), tiled=True) \
+        and all(e.tiled and e.src.id == op.id and e.slices == (len(e.phi) - 1,) for e in slices)
+
+
 def _device_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
     if op.kind == "merge":
         return has_static_shapes(op, graph.in_edges(op), set(bounds))
@@ -210,6 +289,14 @@ class LoopLauncher:
         self.planner = LoopPlanner(loop, outer, statements, graph, bounds, backend)
         self.execs = self.planner.execs
         self.interpret = _interpreter(lowerable.interpreted, [v.name for v in outer])
+        self.spans = _span_interpreter(lowerable.interpreted, [v.name for v in outer]) \
+            if lowerable.spans else None
+        """A loop lowered in spans: its body interpreted at given counter values."""
+        self.elsewhere = [compile_vectorized(guard, [*outer, loop.var]) for guard in lowerable.elsewhere]
+        """Per inner loop a loop lowered in spans leaves out, its guard, for NumPy arrays."""
+        self._slice_bounds: dict[tuple[int, int], Callable] = {}
+        """Per slice read of a block kernel (a loop lowered in spans): its start, stop and
+        rows, for NumPy arrays."""
         self.traced: dict[tuple, Callable] = {}
         """Compiled scans by plan signature."""
         self.collective: dict[tuple, bool] = {}
@@ -234,6 +321,9 @@ class LoopLauncher:
     def __call__(self, outer: tuple[int, ...]) -> None:
         self.choice.entries += 1
         space = self.planner.space(outer)
+        if self.spans is not None:
+            self._run_in_spans(outer, space)
+            return
         if not self.execs:  # point ops and frees only: always cheaper batched
             self.choice.form = self.last_form = "batched"
             self._run_batched(outer, space)
@@ -304,30 +394,178 @@ class LoopLauncher:
             elif points:
                 self.planner.batched[name](coords, points)
 
+    def _run_in_spans(self, outer: tuple[int, ...], space: nest.Space) -> None:
+        """A loop with block kernels, in spans (see the module doc): the iterations where
+        a host op runs, or too few for a scan, interpreted; the others as scans."""
+        choice = self.choice
+        values = space.counters[self.planner.nest.vars[0]].tolist()
+        if self.policy.mode == "interpreted" or choice.fallbacks:
+            self.interpret(self.namespace, *outer)
+            return
+        choice.form = self.last_form = "spans"
+        instances = {name: (st, iterations, coords)
+                     for name, st, iterations, coords in self.planner.instances(outer, space)}
+        host = np.zeros(space.trips, bool)
+        for st, iterations, _ in instances.values():
+            if st.kind == "exec" and st.op.definition.host and not point_op(st.op):
+                host[iterations] = True
+        counters = [space.counters[v] for v in self.planner.nest.vars]
+        for guard in self.elsewhere:  # iterations that run an inner loop
+            host |= np.logical_and.reduce([np.broadcast_to(c, host.shape) for c in guard(*outer, *counters)])
+        freed_at: dict[tuple[int, int], dict[int, int]] = {}  # ring rows' frees, made when needed
+        n = 0
+        while n < space.trips:
+            span = None if host[n] else self._span_at(n, space.trips, host, instances, freed_at)
+            if not isinstance(span, _Span):
+                stop = n + 1 if span is None else max(span, n + 1)
+                while stop < space.trips and host[stop] and host[n]:
+                    stop += 1
+                self.spans(self.namespace, values[n:stop], *outer)
+                choice.iterations[1] += stop - n
+                n = stop
+                continue
+            self._compiling = 0.0
+            try:
+                self._run_lowered(self.planner.plan(outer, space.span(n, span.stop)), span)
+            except Unlowerable as why:  # the rest, and the later entries, interpreted
+                choice.fallbacks.append(str(why))
+                self.spans(self.namespace, values[n:], *outer)
+                choice.iterations[1] += space.trips - n
+                return
+            choice.iterations[0] += span.stop - n
+            choice.scans += 1
+            n = span.stop
+
+    def _span_at(self, n: int, trips: int, host: np.ndarray, instances: dict,
+                 freed_at: dict[tuple[int, int], dict[int, int]]) -> _Span | int:
+        """The span from iteration ``n`` (the block kernels' buffers grown for it), or
+        where the iterations to interpret from ``n`` end: a span lasts while no host op
+        runs, every block kernel runs, the buffers it writes hold the rows it writes
+        without growing (a ring: without overwriting a row still needed), and it reads its
+        buffers alike (``_block_reads``); one shorter than ``MIN_SPAN`` iterations is
+        interpreted."""
+        planner = self.planner
+        stop = n + int(np.argmax(host[n:])) if host[n:].any() else trips
+        kernels: dict[int, tuple[tuple[int, ...], list[int], int]] = {}
+        targets, prefixes, keys, buffers, puts = [], [], [], [], []
+        starts: list[np.ndarray] = []  # per block read: its first row at each iteration
+        for pos, layout in planner.buffered.items():
+            op, edges = planner.execs[pos]
+            _, iterations, coords = instances[planner.items[planner.exec_items[pos]][0]]
+            at = int(np.searchsorted(iterations, n))
+            if at >= len(iterations) or iterations[at] != n:
+                return n + 1
+            its = iterations[at:at + stop - n]
+            stop = n + _leading(its == np.arange(n, n + len(its)))
+            points = [c[at:at + stop - n] for c in coords]
+            stop = n + min([_leading(c == c[0]) for c in points[:-1]], default=stop - n)
+            points = [c[:stop - n] for c in points]
+            prefix = tuple(int(c[0]) for c in points[:-1])
+            ks = points[-1]
+            with grown_buffers:  # as the interpreted launch at ``n`` would
+                for store in layout.targets:
+                    store.row_slot((*prefix, int(ks[0])))
+            for k, store in zip(layout.written, layout.targets):
+                if isinstance(store, WindowStore):
+                    frees = freed_at.get((op.id, k))
+                    if frees is None:
+                        frees = freed_at[(op.id, k)] = _frees_of(op.id, k, instances)
+                    stop = n + store.first_overwritten(prefix, ks[:stop - n].tolist(), n, frees)
+                else:
+                    stop = n + _leading(ks[:stop - n] < store.blocks[prefix].shape[store.rows_axis])
+            alike, counts, rows = self._block_reads(pos, layout, [c[:stop - n] for c in points], prefix)
+            stop = n + alike
+            if stop - n < MIN_SPAN:
+                return stop
+            kernels[pos] = (counts, list(range(len(targets), len(targets) + len(layout.targets))),
+                            len(starts))
+            starts.extend(rows)
+            for k, store in zip(layout.written, layout.targets):
+                targets.append(store)
+                prefixes.append(prefix)
+                keys.append((op.id, k))
+                buffers.append(store.blocks[prefix])
+                puts.append(ks)
+        if stop - n < MIN_SPAN:
+            return stop
+        rows = tuple(store.rows_of(prefix, ks[:stop - n]).astype(np.int32)
+                     for store, prefix, ks in zip(targets, prefixes, puts))
+        firsts = tuple(first[:stop - n].astype(np.int32) for first in starts)
+        return _Span(stop, kernels, targets, keys, tuple(buffers), rows, firsts)
+
+    def _block_reads(self, pos: int, layout: KernelBuffers, points: list[np.ndarray],
+                     prefix: tuple[int, ...]) -> tuple[int, tuple[int, ...], list[np.ndarray]]:
+        """How a block kernel reads its buffers at its ``points`` from the first on, as
+        its launcher may (``blocks.KernelBuffers``): for how many points they read alike,
+        the rows each read takes and, per read, its first row at each point. Whole
+        buffers where every read may take its whole buffer: reads of a growing buffer's
+        first rows (``widens``), or, where ``rings``, reads as long as the rings that start
+        together and whose points fill the ring or start at its first row
+        (``WindowStore.ring_slice``); else runs of the buffer's rows inside it, as long at
+        every point."""
+        op, edges = self.execs[pos]
+        lengths = [store.blocks[prefix].shape[store.rows_axis] for store in layout.sources]
+        reads = []
+        for k in layout.blocks:
+            bounds = self._slice_bounds.get((op.id, k))
+            if bounds is None:
+                entry = edges[k].phi[-1]
+                bounds = self._slice_bounds[(op.id, k)] = compile_vectorized(
+                    [entry.start, entry.stop, entry.size], op.domain, self.bounds)
+            reads.append(bounds(*points))
+        starts = [start for start, _, _ in reads]
+        together = np.logical_and.reduce([start == starts[0] for start in starts])
+        if layout.rings:
+            whole = together
+            for (start, stop, size), store in zip(reads, layout.sources):
+                capacity = store.capacity[prefix]
+                whole &= (size == capacity) & ((np.maximum(0, stop - start) + 1 == capacity)
+                                               | (start % capacity == 0))
+        else:
+            whole = np.logical_and.reduce([start == 0 for start in starts]) if layout.widens \
+                else np.zeros(len(starts[0]), bool)
+        if whole[0]:
+            return _leading(whole), tuple(lengths), [np.zeros(len(whole), np.int64) for _ in reads]
+        rows = [store.rows_of(prefix, start) for (start, _, _), store in zip(reads, layout.sources)]
+        sliced = ~whole
+        for (_, _, size), first, length in zip(reads, rows, lengths):
+            sliced &= (size == size[0]) & (first + size <= length)
+        return _leading(sliced), tuple(int(size[0]) for _, _, size in reads), rows
+
     def _free(self, op: Op, outputs: tuple[int, ...], points: list[tuple]) -> None:
         for k in outputs:
             self.stores[(op.id, k)].free_many(points)
 
-    def _run_lowered(self, plan: Plan) -> None:
+    def _run_lowered(self, plan: Plan, span: _Span | None = None) -> None:
+        """Run one entry (or span) as its scan, and write back what it made."""
         stacked = self._stacked_bytes(plan) / 2**20
         if stacked > self.policy.max_stacked_mb:
             raise Unlowerable(f"its outputs stacked over the loop would hold {stacked:.0f} MiB, more than "
                               f"LoopPolicy.max_stacked_mb={self.policy.max_stacked_mb:g}")
-        fn = self.traced.get(plan.signature)
+        signature = plan.signature if span is None else (plan.signature, span.signature)
+        fn = self.traced.get(signature)
         args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.rows_at, plan.carry_init)
+        if span is not None:
+            args = (*args, span.buffers, span.rows, span.starts)
         if fn is None:
             begin = time.perf_counter()
             try:
-                fn = self.backend.jax.jit(self._scan(plan)).lower(*args).compile()
+                donate = (6,) if span is not None else ()  # the buffers: written in place
+                fn = self.backend.jax.jit(self._scan(plan, span), donate_argnums=donate)
+                fn = fn.lower(*args).compile()
             except Exception as err:  # a kernel that does not trace inside a scan
                 raise Unlowerable(f"the scan did not compile: {type(err).__name__}: {err}") from err
             self._compiling = time.perf_counter() - begin
             self.choice.compile_seconds += self._compiling
-            self.traced[plan.signature] = fn
+            self.traced[signature] = fn
             backend = self.backend
-            self.collective[plan.signature] = backend.one_at_a_time and backend.holds_collectives(fn)
-        last, outputs = fn(*args)
-        if self.wait_for_outputs or self.collective[plan.signature]:
+            self.collective[signature] = backend.one_at_a_time and backend.holds_collectives(fn)
+        if span is None:
+            last, outputs = fn(*args)
+        else:
+            last, outputs, buffers = fn(*args)
+            span.written_back(plan, buffers)
+        if self.wait_for_outputs or self.collective[signature]:
             self.backend.synchronize((last, outputs))
         for key in plan.finals:  # the one kept point, made at the last iteration
             self.stores[key].write(plan.made[key].kept[1][0], last[key])
@@ -354,17 +592,19 @@ class LoopLauncher:
             total += rows.get(key, plan.trips) * row
         return total
 
-    def _scan(self, plan: Plan) -> Callable:
-        """The loop as a function of the plan's values, for ``jax.jit``."""
+    def _scan(self, plan: Plan, span: _Span | None = None) -> Callable:
+        """The loop as a function of the plan's values (and a span's buffers and the rows
+        each iteration writes them at), for ``jax.jit``."""
         jax, xp = self.backend.jax, self.backend.xp
+        in_buffers = {} if span is None else self._block_bodies(span)
         slots, runs = plan.slots, plan.runs
         carried = sorted({*plan.carries, *plan.masked, *plan.finals})
         masked = {key: n for n, key in enumerate(plan.masked)}
         sparse = {key: n for n, (key, _) in enumerate(plan.sparse)}
-        buffers = []  # per sparse output: a row per run, and one where the op does not run
+        sparse_rows = []  # per sparse output: a row per run, and one where the op does not run
         for key, count in plan.sparse:
             shape, dtype = self.planner.output_type(key)
-            buffers.append(((count + 1, *shape), dtype))
+            sparse_rows.append(((count + 1, *shape), dtype))
         # Made in the program: as arguments, zeros are moved in at every call (over a mesh
         # of forced CPU devices, PPO's update scan's 9 were copied to each device each time).
         zeros = {key: self.planner.output_type(key) for key in plan.zeros}
@@ -373,10 +613,11 @@ class LoopLauncher:
                    for op, _ in self.execs]
 
         def run(consts: list, stacked: list, branches: list, active: list, rows_at: list,
-                init: dict) -> Any:
+                init: dict, buffers: tuple = (), puts: tuple = (), starts: tuple = ()) -> Any:
             def step(state: tuple, xs: tuple) -> tuple[tuple, tuple]:
-                carry, rows = state
-                per_step, branch, runs_now, row_now = xs
+                carry, rows, held = state
+                per_step, branch, runs_now, row_now, put_now, start_now = xs
+                held = list(held)
                 values: dict[tuple[int, int], Any] = {}
 
                 def made(key: tuple[int, int], out: Any) -> None:
@@ -394,6 +635,17 @@ class LoopLauncher:
                     if not runs[pos]:  # its values are read nowhere in this entry
                         continue
                     row = slots[pos]
+                    if pos in in_buffers:  # a block kernel: reads and writes the carried buffers
+                        body, counts, where, unwritten, first = in_buffers[pos]
+                        reads = iter(start_now[first:first + len(counts)])
+                        xs = [next(reads) if s.kind == "buffer" else value(s) for s in row]
+                        outs, written = body(counts, *xs, *(held[n] for n in where),
+                                             *(put_now[n] for n in where))
+                        for n, block in zip(where, written):
+                            held[n] = block
+                        for k, out in zip(unwritten, outs):
+                            made((op.id, k), out)
+                        continue
                     if op.kind == "merge":
                         chosen = branch[merges.index(pos)]
                         taken = [(k, value(s)) for k, s in enumerate(row) if s.kind != "unused"]
@@ -407,16 +659,103 @@ class LoopLauncher:
                         made((op.id, k), out)
                 rows = tuple(jax.lax.dynamic_update_index_in_dim(rows[n], values[key], row_now[n], 0)
                              for key, n in sparse.items())
-                return ({key: values[key] for key in carried}, rows), \
+                return ({key: values[key] for key in carried}, rows, tuple(held)), \
                     tuple(values[key] for key in plan.exported if key not in sparse)
-            empty = tuple(xp.zeros(shape, dtype) for shape, dtype in buffers)
+            empty = tuple(xp.zeros(shape, dtype) for shape, dtype in sparse_rows)
             init = {**init, **{key: xp.zeros(shape, dtype) for key, (shape, dtype) in zeros.items()}}
-            xs = (stacked, branches, active, rows_at)
-            (last, rows), per_iteration = jax.lax.scan(step, (init, empty), xs, length=plan.trips)
+            xs = (stacked, branches, active, rows_at, puts, starts)
+            (last, rows, held), per_iteration = jax.lax.scan(step, (init, empty, tuple(buffers)), xs,
+                                                             length=plan.trips)
             dense = iter(per_iteration)
-            return last, tuple(rows[sparse[key]][:-1] if key in sparse else next(dense)
-                               for key in plan.exported)
+            outputs = tuple(rows[sparse[key]][:-1] if key in sparse else next(dense) for key in plan.exported)
+            return (last, outputs) if span is None else (last, outputs, held)
         return run
+
+    def _block_bodies(self, span: _Span) -> dict[int, tuple[Callable, tuple[int, ...], list[int],
+                                                             list[int], int]]:
+        """Per block kernel of a span: its body as ``block_kernel`` compiles it, the rows it
+        reads of each buffer, which of the span's buffers it writes, its outputs not
+        written into buffers, and where its reads' first rows are among the span's."""
+        out = {}
+        for pos, (counts, where, first) in span.kernels.items():
+            op, edges = self.execs[pos]
+            layout = self.planner.buffered[pos]
+            params = resolve_params(op.params, self.bounds)
+            writes = tuple((k, t.rows_axis) for k, t in zip(layout.written, layout.targets))
+            body = self.backend.block_body(op, params, len(edges), tuple(zip(layout.blocks, layout.axes)),
+                                           writes, layout.shared)
+            unwritten = [k for k in range(len(op.outputs)) if k not in layout.written]
+            out[pos] = (body, counts, where, unwritten, first)
+        return out
+
+
+MIN_SPAN = 16
+"""Iterations below which a span of a loop lowered in spans is interpreted instead: a scan
+compiles once per length and buffer shape."""
+
+
+@dataclass
+class _Span:
+    """Iterations of a loop lowered in spans that run as one scan, up to ``stop``
+    (exclusive): the block kernels' buffers it carries and the rows it writes them at."""
+
+    stop: int
+    kernels: dict[int, tuple[tuple[int, ...], list[int], int]]
+    """Per block kernel (exec position): the rows it reads per slice, the positions of
+    the buffers it writes among the span's, and the position of its first read's first
+    rows among ``starts``."""
+    targets: list[Any]
+    """Per buffer: its store."""
+    keys: list[tuple[int, int]]
+    """Per buffer: the output written into it."""
+    buffers: tuple
+    rows: tuple
+    """Per buffer: the row each iteration writes (int32)."""
+    starts: tuple
+    """Per block read: its first row at each iteration (int32)."""
+
+    @property
+    def signature(self) -> tuple:
+        """What the scan's program depends on beyond the plan."""
+        return (tuple((pos, counts) for pos, (counts, _, _) in sorted(self.kernels.items())),
+                tuple((tuple(b.shape), str(b.dtype)) for b in self.buffers))
+
+    def written_back(self, plan: Plan, buffers: tuple) -> None:
+        """The scan's final ``buffers`` back in their stores, with the rows it wrote, and
+        the frees of those the loop freed in the span."""
+        for store, key, block in zip(self.targets, self.keys, buffers):
+            made = plan.made[key]
+            store.written_by_scan(made.points, block)
+            freed = [point for point, gone in zip(made.points, made.freed) if gone]
+            if freed:
+                store.free_many(freed)
+
+
+def _leading(holds: np.ndarray) -> int:
+    """How many of the first entries of ``holds`` are true."""
+    return len(holds) if holds.all() else int(np.argmin(holds))
+
+
+def _frees_of(op_id: int, k: int, instances: dict) -> dict[int, int]:
+    """Per point of output ``k`` of op ``op_id`` (its innermost coordinate) freed in an
+    entry, the iteration that frees it."""
+    freed: dict[int, int] = {}
+    for st, iterations, coords in instances.values():
+        if st.kind == "free" and st.op.id == op_id and k in st.freed:
+            freed.update(zip(coords[-1].tolist(), iterations.tolist()))
+    return freed
+
+
+def _span_interpreter(loop: ast.Loop, outer: list[str]) -> Callable[..., None]:
+    """The body of a loop without inner loops as interpreted Python at some of its
+    iterations: ``fn(namespace, counter values, *outer counters)``."""
+    def call(stmt: ast.Stmt) -> str:
+        return f"ns[{stmt.name!r}](({''.join(e.to_python() + ', ' for e in stmt.index)}))"
+    lines = [f"def loop({', '.join(['ns', '_values', *outer])}):",
+             f"    for {loop.var.name} in _values:", *ast.to_python(loop.body, call, indent=2)]
+    scope: dict[str, Any] = {"min": min, "max": max}
+    exec(compile("\n".join(lines), "<tempo loop>", "exec"), scope)  # noqa: S102 - generated code
+    return scope["loop"]
 
 
 def _interpreter(loop: ast.Loop, outer: list[str]) -> Callable[..., None]:

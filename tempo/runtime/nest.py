@@ -258,6 +258,15 @@ class Space:
             self._at[key] = np.flatnonzero(edge)
         return self._at[key]
 
+    def span(self, first: int, stop: int) -> Space:
+        """Iterations ``first .. stop - 1`` of a loop without inner loops, numbered from 0
+        (``tempo.runtime.lowering``: a loop lowered in spans)."""
+        if self.segments or len(self.inside) != 1:
+            raise ValueError("internal: only a loop without inner loops is lowered in spans")
+        every = np.arange(stop - first)
+        return Space(stop - first, {v: c[first:stop] for v, c in self.counters.items()}, {0: every}, {},
+                     {(0, -1): every})
+
 
 @dataclass
 class _Flat:

@@ -27,6 +27,7 @@ import numpy as np
 from tempo.errors import Unlowerable
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.runtime.backends import Backend
+from tempo.runtime.blocks import KernelBuffers, kernel_buffers
 from tempo.runtime.nest import Nest, Space
 from tempo.runtime.stores import BlockStore
 from tempo.schedule import ast
@@ -47,7 +48,9 @@ class Slot:
     this point of the iteration), ``carry`` (the latest made before the iteration),
     ``const`` (a stored value, the same in every iteration), ``stacked`` (a stored value
     per iteration) or ``unused`` (a merge branch that no iteration of this entry takes, or
-    any input of an op that does not run in this entry: the scan skips such ops)."""
+    any input of an op that does not run in this entry: the scan skips such ops) or
+    ``buffer`` (a slice a block kernel reads from a device buffer the scan carries, see
+    ``LoopPlanner.buffered``)."""
 
     kind: str
     key: Any = None  # (op id, output) for body/carry; the input's number for const/stacked
@@ -252,11 +255,21 @@ class LoopPlanner:
         """Per exec, its statement's position among the items."""
         self.positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
         self.frees = [n for n, (_, st, _) in enumerate(self.items) if st.kind == "free"]
-        self.phis = {op.id: [compile_vectorized(e.phi, op.domain, bounds) for e in edges]
-                     for op, edges in self.execs}
-        self.linear = {op.id: [_linear_index(e.phi, op.domain, bounds) for e in edges]
+        self.phis = {op.id: [None if e.slices else compile_vectorized(e.phi, op.domain, bounds)
+                             for e in edges] for op, edges in self.execs}
+        """Per input of each exec: its index, for NumPy arrays (None: a slice, which only a
+        block kernel reads, from a buffer the scan carries)."""
+        self.linear = {op.id: [None if e.slices else _linear_index(e.phi, op.domain, bounds) for e in edges]
                        for op, edges in self.execs}
         """Per input of each exec: the coefficients of its index over the op's dims, when affine."""
+        self.buffered: dict[int, KernelBuffers] = {}
+        """Per exec that reads slices (a loop lowered in spans): the device buffers its
+        kernel reads and writes itself, carried by the scan (``bind``: they are the run's
+        stores'). Each slice it reads must be such a buffer (``tempo.passes.newest``), else
+        the loop does not lower (``_unbuffered`` says why)."""
+        self._unbuffered: str | None = None
+        self.in_buffers: set[tuple[int, int]] = set()
+        """The outputs those kernels write into buffers: no value of the scan's."""
         self.conds = {op.id: compile_vectorized([e.cond for e in edges], op.domain, bounds)
                       for op, edges in self.execs if op.kind == "merge"}
         self.choices = {pos: (self.items[self.exec_items[pos]][2], repr(op.domain),
@@ -275,6 +288,17 @@ class LoopPlanner:
             self.blocks = {key for key, store in stores.items() if isinstance(store, BlockStore)}
             self._blocks_known = True
         self.stores, self.batched = stores, batched
+        self.buffered, self._unbuffered = {}, None
+        for pos, (op, edges) in enumerate(self.execs):
+            if stores and any(e.slices for e in edges):
+                layout = kernel_buffers(op, edges, stores, set(self.bounds))
+                shared = {k for k, _ in layout.shared} if layout is not None else set()
+                if layout is None or any(e.slices and k not in shared for k, e in enumerate(edges)):
+                    self._unbuffered = f"{op.name} reads slices that are not rows of device buffers it writes"
+                else:
+                    self.buffered[pos] = layout
+        self.in_buffers = {(self.execs[pos][0].id, k) for pos, layout in self.buffered.items()
+                           for k in layout.written}
 
     def space(self, outer: tuple[int, ...]) -> Space:
         """The entry's iterations (a nest's, flattened)."""
@@ -308,6 +332,8 @@ class LoopPlanner:
         makes it or to a store; raises ``Unlowerable`` where a scan cannot express it.
         Point ops run now. The plan is a template's where the entry is a translate of it,
         else made anew (and kept as a template)."""
+        if self._unbuffered:
+            raise Unlowerable(self._unbuffered)
         trips = space.trips
         groups = self._groups(outer, space)
         instances = self._per_statement(groups)
@@ -334,15 +360,17 @@ class LoopPlanner:
         reads: list[list[Reads | None]] = []
         for pos, (_, edges) in enumerate(self.execs):
             iterations, coords = runs[pos]
-            reads.append([self._reads(pos, k, edge, iterations, coords, taken.get(pos), made)
+            reads.append([None if edge.slices else  # a buffer the scan carries
+                          self._reads(pos, k, edge, iterations, coords, taken.get(pos), made)
                           for k, edge in enumerate(edges)])
+        self._check_buffer_rows(reads)
         slots, fetches, masked = self._slots(reads)
         consts, stacked, init = self._fetch(reads, fetches, trips)
         carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
         made_points, outside = self._made_and_freed(runs, instances, made)
         exported = [(op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
-                    if (op.id, k) in made_points and (not all(made_points[op.id, k].freed)
-                                                      or (op.id, k) in self.blocks)]
+                    if (op.id, k) in made_points and (op.id, k) not in self.in_buffers
+                    and (not all(made_points[op.id, k].freed) or (op.id, k) in self.blocks)]
         # A value kept only from its op's last run (the state a loop leaves) comes out as
         # the scan's final carry: slicing one row of a stacked output costs a dispatch.
         finals = tuple(key for key in exported if key not in self.blocks
@@ -364,6 +392,15 @@ class LoopPlanner:
                     branches, active, rows_at, init, zeros, trips, tuple(bool(len(it)) for it, _ in runs),
                     made_points, self._later(instances, outside))
         return _Template(groups, reads, taken, fetches, outside, plan)
+
+    def _check_buffer_rows(self, reads: list[list[Reads | None]]) -> None:
+        """Rows a kernel writes into a buffer are read by nothing else in the loop: the
+        scan has no value of them, only the buffer."""
+        for row in reads:
+            for r in row:
+                if r is not None and (r.edge.src.id, r.edge.src_out) in self.in_buffers:
+                    raise Unlowerable(f"{r.edge.sink.name} reads a row of {r.edge.src.name} that a kernel "
+                                      f"writes into a device buffer")
 
     def output_type(self, key: tuple[int, int]) -> tuple[tuple[int, ...], str]:
         """The shape and dtype of output ``key`` of a body op."""
@@ -434,7 +471,8 @@ class LoopPlanner:
             slot_row = []
             for k, r in enumerate(row):
                 if r is None:
-                    slot_row.append(Slot("unused"))
+                    buffered = pos in self.buffered and self.execs[pos][1][k].slices
+                    slot_row.append(Slot("buffer") if buffered else Slot("unused"))
                     continue
                 key = (r.edge.src.id, r.edge.src_out)
                 fits = int(np.bitwise_and.reduce(r.fits))

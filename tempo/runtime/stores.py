@@ -659,6 +659,24 @@ class BlockStore:
         self.blocks[point[:-1]] = block
         self._written(point[:-1], point[-1])
 
+    def written_by_scan(self, points: list[tuple[int, ...]], block: Any) -> None:
+        """``block``, a buffer a lowered loop's scan carried (``row_slot`` gave it at the
+        first of ``points``), with the rows of ``points`` (of one prefix, in order)
+        written at their rows (``rows_of``), replaces it."""
+        prefix = points[0][:-1]
+        self.blocks[prefix] = block
+        ks = {point[-1] for point in points}
+        self.produced[prefix] |= ks
+        live = self.live[prefix]
+        new = ks - live
+        live |= new
+        self.stats.live += len(new)
+        self.stats.peak = max(self.stats.peak, self.stats.live)
+
+    def rows_of(self, prefix: tuple[int, ...], ks: np.ndarray) -> np.ndarray:
+        """The buffer rows of points ``ks`` (an array) of ``prefix``."""
+        return ks
+
     def _written(self, prefix: tuple[int, ...], k: int) -> None:
         self.produced[prefix].add(k)
         if k not in self.live[prefix]:
@@ -893,6 +911,35 @@ class WindowStore(BlockStore):
         prefix, k = point[:-1], point[-1]
         self.written[prefix][k % self.capacity[prefix]] = k
         super().written_by_kernel(point, block)
+
+    def written_by_scan(self, points: list[tuple[int, ...]], block: Any) -> None:
+        prefix = points[0][:-1]
+        capacity, written = self.capacity[prefix], self.written[prefix]
+        for point in points:
+            written[point[-1] % capacity] = point[-1]
+        super().written_by_scan(points, block)
+
+    def rows_of(self, prefix: tuple[int, ...], ks: np.ndarray) -> np.ndarray:
+        return ks % self.capacity[prefix]
+
+    def first_overwritten(self, prefix: tuple[int, ...], ks: list[int], first: int,
+                          freed_at: dict[int, int]) -> int:
+        """How many of points ``ks`` (written at iterations ``first``, ``first + 1``, ...
+        of a loop, in order) go to ring rows whose points are no longer needed by then:
+        freed, or freed at an earlier iteration (``freed_at``: point -> iteration), without
+        the ring growing (``row_slot``)."""
+        capacity, live = self.capacity[prefix], self.live[prefix]
+        holders = dict(self.written[prefix])
+        made: set[int] = set()
+        for n, k in enumerate(ks):
+            slot = k % capacity
+            held = holders.get(slot)
+            if held is not None and held != k and (held in live or held in made) \
+                    and freed_at.get(held, first + n) >= first + n:
+                return n
+            holders[slot] = k
+            made.add(k)
+        return len(ks)
 
     def _grow(self, prefix: tuple[int, ...]) -> None:
         old, capacity = self.blocks[prefix], self.capacity[prefix]

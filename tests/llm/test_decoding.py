@@ -100,6 +100,27 @@ def test_window_generation_longer_than_the_window_matches_transformers(mistral, 
     np.testing.assert_array_equal(out.tokens, theirs.numpy())
 
 
+@pytest.mark.parametrize("which,attention", [("llama", "causal"), ("mistral", "window")])
+def test_long_generations_run_in_scans_and_match_transformers(request, which, attention):
+    """40 tokens on JAX: past the prompt the decode loop runs as scans over the positions
+    (``tempo.runtime.lowering``, in spans), the keys and values in device buffers the scans
+    carry (a window's ring overwritten as it slides). Every step's logits equal the
+    model's forward pass over the generated sequence, and the greedy tokens its
+    ``generate``'s."""
+    model, path = request.getfixturevalue(which)
+    lm = tempo_llm.load(path, backend="jax")
+    ids = _ids(2, 5, seed=6)
+    out = lm.generate(ids, 40, attention=attention, return_logits=True)
+    np.testing.assert_allclose(out.logits, _forward(model, out.tokens)[:, 4:-1], atol=TOLERANCE, rtol=0)
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor(ids), max_new_tokens=40, do_sample=False, pad_token_id=0,
+                                eos_token_id=None)
+    np.testing.assert_array_equal(out.tokens, theirs.numpy())
+    exe = lm._program(lm._request(ids, 40, attention=attention, return_logits=True))[0]
+    (spans,) = [c for c in exe.loop_choices.values() if c.form == "spans"]
+    assert spans.iterations[0] >= 32 and spans.scans >= 1
+
+
 def test_window_attention_differs_from_causal_past_the_window(mistral):
     _, path = mistral
     lm = tempo_llm.load(path)

@@ -170,14 +170,19 @@ def _exp_attention(length: int, seed: int, window: int | None = None):
     return ctx, {T: length}, s
 
 
+INTERPRETED = tp.LoopPolicy(mode="interpreted")
+"""Loops run one launch per point: the block launcher's own reads and writes."""
+
+
 def _checked_attention(length: int, seed: int, window: int | None = None, without: str | None = None,
-                       tile: int | None = 16):
+                       tile: int | None = 16, loops: tp.LoopPolicy | None = INTERPRETED):
     """``_exp_attention`` compiled on JAX (all passes but ``without``) and run, its values
-    checked against the reference evaluator; the executable."""
+    checked against the reference evaluator; the executable. Its loop is interpreted
+    unless ``loops`` says otherwise (lowered: in spans, see ``test_spans.py``)."""
     ctx, bounds, s = _exp_attention(length, seed, window)
     passes = None if without is None else [name for name, _ in PIPELINE if name != without]
     with ctx:
-        exe = ctx.compile(bounds, [s], backend="jax", tile=tile, passes=passes)
+        exe = ctx.compile(bounds, [s], backend="jax", tile=tile, passes=passes, loops=loops)
         got = exe.run()[s]
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     return exe
@@ -345,7 +350,7 @@ def test_later_row_counts_compile_in_the_background(monkeypatch):
     ctx, bounds, s = _exp_attention(90, seed=3)
     try:
         with ctx, jax.log_compiles():
-            exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+            exe = ctx.compile(bounds, [s], backend="jax", tile=16, loops=INTERPRETED)
             got = exe.run()[s]
             again = exe.run()[s]  # the programs kept: nothing compiles again
     finally:

@@ -1,0 +1,121 @@
+"""Loops lowered in spans (``tempo.runtime.lowering``): a loop whose block kernel reads
+and writes device buffers runs its iterations as scans, one per stretch of iterations
+over which the buffers keep their shape, carrying the buffers; the values are the
+reference evaluator's and the interpreted loop's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tempo as tp
+from tempo.reference import evaluate
+
+jax = pytest.importorskip("jax")
+
+
+def _attention(length: int, window: int | None = None, seed: int = 0):
+    """``s[t]``: the sum over ``y[0:t+1]`` (or its last ``window`` rows) of ``exp(q . y)``,
+    with ``y[t]`` made at ``t`` (one fused kernel writes it and reads the rows); the
+    context, bounds and ``s``."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    rng = np.random.default_rng(seed)
+    with ctx:
+        x = tp.const(rng.normal(size=(length, 2, 3)).astype(np.float32))[t]
+        y = x.tanh()
+        q = tp.const(rng.normal(size=(2, 1, 3)).astype(np.float32))
+        rows = y[0:t + 1] if window is None else y[tp.max(0, t - window + 1):t + 1]
+        s = (q @ rows.permute(1, 2, 0)).exp().sum(-1)
+    return ctx, {T: length}, s
+
+
+def _run(length: int, window: int | None, loops: tp.LoopPolicy | None = None, tile: int | None = 16):
+    ctx, bounds, s = _attention(length, window)
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", tile=tile, loops=loops)
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    return exe, got
+
+
+def test_runs_of_rows_from_a_moving_first_row_are_read_in_place():
+    """A window of 4 whose rows are also kept (``y`` is an output too: a buffer of every
+    row, no ring): from the 4th point on each read is a run of the buffer's rows starting
+    one row later than the last, read in place inside the scan (its first row per
+    iteration); the first three read from row 0, whole (too few for a span). The values are
+    the reference evaluator's."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    rng = np.random.default_rng(5)
+    with ctx:
+        y = tp.const(rng.normal(size=(60, 2, 3)).astype(np.float32))[t].tanh()
+        q = tp.const(rng.normal(size=(2, 1, 3)).astype(np.float32))
+        s = (q @ y[tp.max(0, t - 3):t + 1].permute(1, 2, 0)).exp().sum(-1)
+        exe = ctx.compile({T: 60}, [s, y], backend="jax", tile=16)
+        got = exe.run()
+    expected = evaluate(ctx, {T: 60}, [s, y])
+    np.testing.assert_allclose(got[s], expected[s.key], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[y], expected[y.key], rtol=1e-6)
+    choice = _spans(exe)
+    assert choice.iterations[0] >= 50 and choice.scans >= 1
+
+
+def _spans(exe) -> tp.runtime.lowering.LoopChoice:
+    (choice,) = [c for c in exe.loop_choices.values() if c.form == "spans"]
+    return choice
+
+
+@pytest.mark.parametrize("window,tile,lowered,scans", [(None, 16, 80, 5), (4, None, 89, 1), (4, 16, 0, 0)])
+def test_a_block_kernels_loop_runs_in_spans(window, tile, lowered, scans):
+    """Causal reads in tiles of 16 rows: the buffer grows by a tile at a time, each tile
+    is a span, and the last 10 iterations (fewer than ``MIN_SPAN``) are interpreted. A
+    window of 4 padded to itself: a ring that the scan overwrites as its rows are freed,
+    read whole, one span (the last iteration, which frees the rows left in an inner loop,
+    is interpreted). A window of 4 padded to 16 rows: a ring of 16 whose 4 points lie
+    anywhere in it, neither the whole ring in order nor one run of its rows: interpreted
+    (the launcher gathers the rows). The values are the reference
+    evaluator's and, to float rounding, the interpreted loop's; a second run compiles
+    nothing."""
+    exe, got = _run(90, window, tile=tile)
+    choice = _spans(exe)
+    assert choice.iterations == [lowered, 90 - lowered] and choice.scans == scans
+    compiled = choice.compile_seconds
+    np.testing.assert_array_equal(exe.run()[exe.outputs[0]], got)
+    assert choice.compile_seconds == compiled and choice.scans == 2 * scans
+    _, interpreted_run = _run(90, window, tp.LoopPolicy(mode="interpreted"), tile=tile)
+    np.testing.assert_allclose(got, interpreted_run, rtol=1e-6)
+
+
+def test_a_loop_with_a_host_op_at_every_point_is_not_lowered():
+    """A sink at every point needs the host at every iteration: the loop stays
+    interpreted (no span could last)."""
+    ctx, bounds, s = _attention(40)
+    seen = []
+    with ctx:
+        tp.sink(s, lambda value, point: seen.append(point["t"]))
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+        exe.run()
+    assert seen == list(range(40))
+    assert not any(c.form == "spans" for c in exe.loop_choices.values())
+
+
+def test_spans_are_interpreted_where_the_policy_says_so():
+    exe, _ = _run(40, None, tp.LoopPolicy(mode="interpreted"))
+    assert all(c.form != "spans" for c in exe.loop_choices.values())
+
+
+def test_a_ring_row_still_needed_is_not_overwritten_by_a_span():
+    """``WindowStore.first_overwritten``: a scan writing points 4, 5, 6 at iterations 10,
+    11, 12 into a ring of 4 holding points 0-3 may overwrite point 0 (freed before), point
+    1 only if an earlier iteration frees it, and point 2 likewise."""
+    from tempo.runtime.stores import MemoryStats, WindowStore
+    store = WindowStore(MemoryStats(), 12, (2,), "float32", capacity=4)
+    for k in range(4):
+        store.write((0, k), np.full(2, k, np.float32))
+    store.free((0, 0))
+    assert store.first_overwritten((0,), [4, 5, 6], first=10, freed_at={}) == 1
+    assert store.first_overwritten((0,), [4, 5, 6], first=10, freed_at={1: 11}) == 1  # freed too late
+    assert store.first_overwritten((0,), [4, 5, 6], first=10, freed_at={1: 10}) == 2
+    assert store.first_overwritten((0,), [4, 5, 6], first=10, freed_at={1: 10, 2: 11}) == 3
+    assert store.capacity[(0,)] == 4  # nothing grew
