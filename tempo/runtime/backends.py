@@ -337,9 +337,19 @@ class JaxBackend:
         ``args``, on a background thread; once the future is done, calling
         ``kernel(static, *args)`` runs without compiling (XLA's compiler releases the GIL,
         so the caller's thread goes on meanwhile)."""
-        specs = self.jax.tree_util.tree_map(  # (``BufferShape``s are shapes already)
-            lambda a: self.jax.ShapeDtypeStruct(getattr(a, "shape", None) or np.shape(a), a.dtype), args)
+        specs = self._specs(args)
         return _compiler_thread().submit(lambda: kernel.lower(static, *specs).compile())
+
+    def compile_in_background(self, jitted: Callable, args: tuple) -> Future:
+        """Compile ``jitted`` (a ``jax.jit`` function) for arguments shaped as ``args`` on
+        the thread of ``compile_later``: the future's result is the compiled program."""
+        specs = self._specs(args)
+        return _compiler_thread().submit(lambda: jitted.lower(*specs).compile())
+
+    def _specs(self, args: Any) -> Any:
+        """``args`` as shapes and dtypes (``BufferShape``s are shapes already)."""
+        return self.jax.tree_util.tree_map(
+            lambda a: self.jax.ShapeDtypeStruct(getattr(a, "shape", None) or np.shape(a), a.dtype), args)
 
     def compile_ahead(self, op: Op, static_params: dict, inputs: list[tuple[tuple[int, ...], str]],
                       donate: tuple[int, ...] = ()) -> Future | None:

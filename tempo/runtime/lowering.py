@@ -35,25 +35,46 @@ differently inside a scan, so results can differ in the last bits between the fo
 on gymnax CartPole: losses equal to 1e-7): ``timed`` lowers a loop only when that is
 clearly faster (``margin``), but which form a close call gets can differ between runs, so
 its runs are not bitwise reproducible.
+
+**Spans.** A decoder's loop over positions does not fit one scan: its attention reads
+``k[0:t+1]``, a slice whose length changes with ``t``, from device buffers that its own
+kernel writes (``tempo.runtime.blocks``); the buffers grow by tiles, and a host op hands
+in the prompt's tokens at the first positions. Such a loop (no inner loop but under a
+guard, block kernels whose slices are their own outputs' earlier rows, host ops only
+under guards: ``_lowerable_in_spans``) is lowered in *spans*: stretches of iterations
+over which no host op or inner loop runs and every block kernel reads its buffers alike
+(whole, or runs of rows of one length) without their growing. Each span is one scan that
+carries the buffers and writes each iteration's rows in place (the kernel's body is the
+one its launcher compiles, ``JaxBackend.block_body``); the rest is interpreted, one
+launch per point. A window's ring is overwritten inside a scan only where the row it
+replaces was freed at an earlier iteration (``WindowStore.first_overwritten``); a span is
+at least ``MIN_SPAN`` iterations (a scan compiles once per length and buffer shape) and
+holds at most ``LoopPolicy.max_stacked_mb`` of stacked outputs. While a span runs, the
+scan of the next one, as it will likely be (the buffers a tile longer), compiles on a
+background thread. A span reads whole buffers where the launcher would read only their
+first rows (below ``blocks.WHOLE_BUFFER_SHARE``): the same values, summed over more
+masked zeros. ``timed`` does not apply to spans: they always run lowered, unless the mode
+is ``interpreted``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tempo.errors import Unlowerable
-from tempo.ir.graph import SDG, Op, has_static_shapes
+from tempo.ir.graph import SDG, Op, has_static_shapes, rows_moved
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.options import LoopPolicy
 from tempo.runtime import nest
 from tempo.runtime.blocks import KernelBuffers
 from tempo.runtime.plan import LoopPlanner, Plan, Slot, point_op, tuples
-from tempo.runtime.stores import WindowStore, grown_buffers
+from tempo.runtime.stores import BufferShape, WindowStore, grown_buffers
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Expr, Symbol, compile_vectorized
@@ -299,6 +320,9 @@ class LoopLauncher:
         rows, for NumPy arrays."""
         self.traced: dict[tuple, Callable] = {}
         """Compiled scans by plan signature."""
+        self.compiling: dict[tuple, Future] = {}
+        """Scans compiling in the background by signature (a loop lowered in spans: the
+        next span's, ``_compile_next``)."""
         self.collective: dict[tuple, bool] = {}
         """Per plan signature, whether the scan communicates between devices (then it runs
         alone: ``JaxBackend.one_at_a_time``)."""
@@ -396,7 +420,8 @@ class LoopLauncher:
 
     def _run_in_spans(self, outer: tuple[int, ...], space: nest.Space) -> None:
         """A loop with block kernels, in spans (see the module doc): the iterations where
-        a host op runs, or too few for a scan, interpreted; the others as scans."""
+        a host op or an inner loop runs, or too few for a scan, interpreted; the others as
+        scans."""
         choice = self.choice
         values = space.counters[self.planner.nest.vars[0]].tolist()
         if self.policy.mode == "interpreted" or choice.fallbacks:
@@ -405,20 +430,21 @@ class LoopLauncher:
         choice.form = self.last_form = "spans"
         instances = {name: (st, iterations, coords)
                      for name, st, iterations, coords in self.planner.instances(outer, space)}
-        host = np.zeros(space.trips, bool)
+        apart = np.zeros(space.trips, bool)  # interpreted: a host op or an inner loop runs
         for st, iterations, _ in instances.values():
             if st.kind == "exec" and st.op.definition.host and not point_op(st.op):
-                host[iterations] = True
+                apart[iterations] = True
         counters = [space.counters[v] for v in self.planner.nest.vars]
         for guard in self.elsewhere:  # iterations that run an inner loop
-            host |= np.logical_and.reduce([np.broadcast_to(c, host.shape) for c in guard(*outer, *counters)])
+            apart |= np.logical_and.reduce([np.broadcast_to(c, apart.shape)
+                                            for c in guard(*outer, *counters)])
         freed_at: dict[tuple[int, int], dict[int, int]] = {}  # ring rows' frees, made when needed
         n = 0
         while n < space.trips:
-            span = None if host[n] else self._span_at(n, space.trips, host, instances, freed_at)
+            span = None if apart[n] else self._span_at(n, space.trips, apart, instances, freed_at)
             if not isinstance(span, _Span):
                 stop = n + 1 if span is None else max(span, n + 1)
-                while stop < space.trips and host[stop] and host[n]:
+                while stop < space.trips and apart[stop] and apart[n]:
                     stop += 1
                 self.spans(self.namespace, values[n:stop], *outer)
                 choice.iterations[1] += stop - n
@@ -436,16 +462,17 @@ class LoopLauncher:
             choice.scans += 1
             n = span.stop
 
-    def _span_at(self, n: int, trips: int, host: np.ndarray, instances: dict,
+    def _span_at(self, n: int, trips: int, apart: np.ndarray, instances: dict,
                  freed_at: dict[tuple[int, int], dict[int, int]]) -> _Span | int:
         """The span from iteration ``n`` (the block kernels' buffers grown for it), or
         where the iterations to interpret from ``n`` end: a span lasts while no host op
-        runs, every block kernel runs, the buffers it writes hold the rows it writes
-        without growing (a ring: without overwriting a row still needed), and it reads its
-        buffers alike (``_block_reads``); one shorter than ``MIN_SPAN`` iterations is
-        interpreted."""
+        or inner loop runs (``apart``), every block kernel runs, the buffers it writes
+        hold the rows it writes without growing (a ring: without overwriting a row still
+        needed), and it reads its buffers alike (``_block_reads``); one shorter than
+        ``MIN_SPAN`` iterations is interpreted."""
         planner = self.planner
-        stop = n + int(np.argmax(host[n:])) if host[n:].any() else trips
+        stop = n + int(np.argmax(apart[n:])) if apart[n:].any() else trips
+        stop = min(stop, n + self._most_stacked(n, instances))
         kernels: dict[int, tuple[tuple[int, ...], list[int], int]] = {}
         targets, prefixes, keys, buffers, puts = [], [], [], [], []
         starts: list[np.ndarray] = []  # per block read: its first row at each iteration
@@ -491,7 +518,24 @@ class LoopLauncher:
         rows = tuple(store.rows_of(prefix, ks[:stop - n]).astype(np.int32)
                      for store, prefix, ks in zip(targets, prefixes, puts))
         firsts = tuple(first[:stop - n].astype(np.int32) for first in starts)
-        return _Span(stop, kernels, targets, keys, tuple(buffers), rows, firsts)
+        return _Span(stop, kernels, targets, keys, tuple(buffers), rows, firsts, trips - stop)
+
+    def _most_stacked(self, n: int, instances: dict) -> int:
+        """The most iterations a span from iteration ``n`` may have for its outputs stacked
+        over them to stay within ``LoopPolicy.max_stacked_mb``: an upper bound, counting
+        every output of the ops that run at ``n`` but the rows written into buffers (the
+        constants a loop makes at its first iteration do not count after it)."""
+        row = 0
+        for pos, (op, _) in enumerate(self.execs):
+            iterations = instances[self.planner.items[self.planner.exec_items[pos]][0]][1]
+            at = int(np.searchsorted(iterations, n))
+            if at == len(iterations) or iterations[at] != n:
+                continue
+            for k in range(len(op.outputs)):
+                if (op.id, k) not in self.planner.in_buffers:
+                    shape, dtype = self.planner.output_type((op.id, k))
+                    row += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return int(self.policy.max_stacked_mb * 2**20 // max(row, 1))
 
     def _block_reads(self, pos: int, layout: KernelBuffers, points: list[np.ndarray],
                      prefix: tuple[int, ...]) -> tuple[int, tuple[int, ...], list[np.ndarray]]:
@@ -550,9 +594,8 @@ class LoopLauncher:
         if fn is None:
             begin = time.perf_counter()
             try:
-                donate = (6,) if span is not None else ()  # the buffers: written in place
-                fn = self.backend.jax.jit(self._scan(plan, span), donate_argnums=donate)
-                fn = fn.lower(*args).compile()
+                ahead = self.compiling.pop(signature, None)
+                fn = ahead.result() if ahead is not None else self._jitted(plan, span).lower(*args).compile()
             except Exception as err:  # a kernel that does not trace inside a scan
                 raise Unlowerable(f"the scan did not compile: {type(err).__name__}: {err}") from err
             self._compiling = time.perf_counter() - begin
@@ -563,6 +606,7 @@ class LoopLauncher:
         if span is None:
             last, outputs = fn(*args)
         else:
+            self._compile_next(plan, span, args)
             last, outputs, buffers = fn(*args)
             span.written_back(plan, buffers)
         if self.wait_for_outputs or self.collective[signature]:
@@ -581,6 +625,30 @@ class LoopLauncher:
                 self.stores[key].write_rows(points, values, made.kept_runs if key in sparse else rows)
         for op, freed, points in plan.frees:
             self._free(op, freed, points)
+
+    def _jitted(self, plan: Plan, span: _Span | None) -> Callable:
+        """The scan of ``plan`` (and ``span``), jitted; a span's buffers are donated."""
+        return self.backend.jax.jit(self._scan(plan, span), donate_argnums=(6,) if span is not None else ())
+
+    def _compile_next(self, plan: Plan, span: _Span, args: tuple) -> None:
+        """Start compiling, on a background thread, the scan of the span after ``span``
+        as it will likely be (``_Span.grown``: a decoder's next tile), while ``span`` runs.
+        Its plan is taken to be this one's, moved (``LoopPlanner``'s templates)."""
+        grown = span.grown()
+        if grown is None or plan.sparse:
+            return
+        nxt, trips = replace(plan, trips=grown.trips), grown.trips
+        signature = (nxt.signature, grown.signature)
+        if signature in self.traced or signature in self.compiling:
+            return
+        jax = self.backend.jax
+
+        def per_iteration(values: list) -> list:
+            return [jax.ShapeDtypeStruct((trips, *np.shape(v)[1:]), v.dtype) for v in values]
+        specs = (plan.consts, per_iteration(plan.stacked), per_iteration(plan.branches),
+                 per_iteration(plan.active), per_iteration(plan.rows_at), plan.carry_init, grown.buffers,
+                 grown.rows, grown.starts)
+        self.compiling[signature] = self.backend.compile_in_background(self._jitted(nxt, grown), specs)
 
     def _stacked_bytes(self, plan: Plan) -> int:
         """Bytes of the plan's outputs stacked over the entry's iterations (or runs)."""
@@ -713,12 +781,45 @@ class _Span:
     """Per buffer: the row each iteration writes (int32)."""
     starts: tuple
     """Per block read: its first row at each iteration (int32)."""
+    remaining: int = 0
+    """Iterations of the entry after the span."""
 
     @property
     def signature(self) -> tuple:
         """What the scan's program depends on beyond the plan."""
         return (tuple((pos, counts) for pos, (counts, _, _) in sorted(self.kernels.items())),
                 tuple((tuple(b.shape), str(b.dtype)) for b in self.buffers))
+
+    def grown(self) -> _Span | None:
+        """The span after this one as it will likely be, where its growing buffers
+        (``BlockStore.step``) will be longer by then (None where none grows): its buffers
+        as ``BufferShape``s, the rows its kernels read whole longer with them, and as many
+        iterations as the buffers then hold rows to write (or as the entry has left)."""
+        lengths, shapes, trips = {}, [], self.remaining
+        for store, block, rows in zip(self.targets, self.buffers, self.rows):
+            axis, length, first = store.rows_axis, block.shape[store.rows_axis], int(rows[-1]) + 1
+            longer = length if isinstance(store, WindowStore) or store.step is None \
+                else max(length, store.held(min(first, store.rows - 1)))
+            if longer != length:
+                trips = min(trips, longer - first)
+            lengths[id(store)] = (length, longer)
+            shapes.append(BufferShape(rows_moved((longer, *store.shape), axis), block.dtype))
+        if all(length == longer for length, longer in lengths.values()) or trips < MIN_SPAN:
+            return None
+        kernels = {}
+        for pos, (counts, where, first) in self.kernels.items():
+            now = [lengths[id(self.targets[n])] for n in where]
+            counts = tuple(next((longer for length, longer in now if length == count), count)
+                           for count in counts)
+            kernels[pos] = (counts, where, first)
+        shaped = tuple(np.zeros(trips, np.int32) for _ in self.rows)  # (their shapes only)
+        return replace(self, kernels=kernels, buffers=tuple(shapes), rows=shaped,
+                       starts=tuple(np.zeros(trips, np.int32) for _ in self.starts), remaining=0,
+                       stop=self.stop + trips)
+
+    @property
+    def trips(self) -> int:
+        return len(self.rows[0]) if self.rows else 0
 
     def written_back(self, plan: Plan, buffers: tuple) -> None:
         """The scan's final ``buffers`` back in their stores, with the rows it wrote, and

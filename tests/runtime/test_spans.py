@@ -87,6 +87,25 @@ def test_a_block_kernels_loop_runs_in_spans(window, tile, lowered, scans):
     np.testing.assert_allclose(got, interpreted_run, rtol=1e-6)
 
 
+def test_the_next_tiles_scan_compiles_while_a_span_runs(monkeypatch):
+    """Causal reads in tiles of 16 rows: while each span runs, the scan of the next tile
+    (16 iterations, the buffer 16 rows longer) compiles on a background thread, and the
+    next span takes it: only the first of the five compiles in the foreground, none is
+    left over, and none is made for a span that does not come (the last 10 iterations)."""
+    from tempo.runtime.backends import JaxBackend
+    background = []
+    original = JaxBackend.compile_in_background
+
+    def recording(self, jitted, args):
+        background.append(args[6][0].shape)  # the first buffer's shape
+        return original(self, jitted, args)
+    monkeypatch.setattr(JaxBackend, "compile_in_background", recording)
+    exe, _ = _run(90, None)
+    (launcher,) = [launch for launch in exe._launchers.values() if launch.spans is not None]
+    assert [shape[-1] for shape in background] == [32, 48, 64, 80]  # rows along the last axis
+    assert not launcher.compiling and len(launcher.traced) == 5
+
+
 def test_a_loop_with_a_host_op_at_every_point_is_not_lowered():
     """A sink at every point needs the host at every iteration: the loop stays
     interpreted (no span could last)."""
