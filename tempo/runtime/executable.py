@@ -120,11 +120,11 @@ class Executable:
             root, self._lowered = lower_loops(root, schedule.statements, graph, bounds, self.loops.nests)
         self.loop_choices = {name: LoopChoice(name, statement_names(lowerable.loop), depth(lowerable.loop))
                              for name, lowerable in self._lowered.items()}
+        """Per lowerable loop: its statements, the timings and the form the runs chose
+        (``tempo.runtime.lowering``)."""
         self._spanned = {schedule.statements[s].op.id for lowerable in self._lowered.values()
                          if lowerable.spans for s in statement_names(lowerable.loop)}
         """The ops of loops lowered in spans (``tempo.runtime.lowering``)."""
-        """Per lowerable loop: its statements, the timings and the form the runs chose
-        (``tempo.runtime.lowering``)."""
         self._launchers: dict[str, LoopLauncher] = {}
         """Each lowerable loop's launcher, made at the first run and kept across runs (its
         compiled scans, plan templates and timings with it)."""

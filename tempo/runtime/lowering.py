@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -72,7 +72,7 @@ from tempo.ir.graph import SDG, Op, has_static_shapes, rows_moved
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.options import LoopPolicy
 from tempo.runtime import nest
-from tempo.runtime.blocks import KernelBuffers
+from tempo.runtime.blocks import WHOLE_BUFFER_SHARE, KernelBuffers
 from tempo.runtime.plan import LoopPlanner, Plan, Slot, point_op, tuples
 from tempo.runtime.stores import BufferShape, WindowStore, grown_buffers
 from tempo.schedule import ast
@@ -106,10 +106,11 @@ class LoopChoice:
     entries: int = 0
     """Times the loop was entered (a nest's inner loop: only in the nest's interpreted
     entries)."""
-    iterations: list[int] = field(default_factory=lambda: [0, 0])
-    """A loop lowered in spans: its iterations run in scans, and interpreted."""
+    iterations_in_scans: int = 0
+    """A loop lowered in spans: its iterations that ran in scans (``scans`` of them)."""
+    interpreted_iterations: int = 0
+    """A loop lowered in spans: its iterations interpreted."""
     scans: int = 0
-    """A loop lowered in spans: the scans that ran (its spans)."""
 
     def __str__(self) -> str:
         def ms(x: float | None) -> str:
@@ -120,9 +121,10 @@ class LoopChoice:
         if self.form == "batched":
             return f"{name} [{', '.join(self.statements)}]: batched on the host (point ops and frees)"
         if self.form == "spans":
-            lowered, interpreted = self.iterations
-            return (f"{name} [{', '.join(self.statements)}]: lowered in spans; {lowered} iterations in "
-                    f"{self.scans} scans, {interpreted} interpreted (compile {self.compile_seconds:.2f} s)")
+            why = f"; then interpreted: {self.fallbacks[0]}" if self.fallbacks else ""
+            return (f"{name} [{', '.join(self.statements)}]: lowered in spans; {self.iterations_in_scans} "
+                    f"iterations in {self.scans} scans, {self.interpreted_iterations} interpreted "
+                    f"(compile {self.compile_seconds:.2f} s){why}")
         why = f" (interpreted: {self.fallbacks[0]})" if self.fallbacks else ""
         return (f"{name} [{', '.join(self.statements)}]: {self.form or 'undecided'}; per iteration "
                 f"interpreted {ms(self.interpreted)}, lowered {ms(self.lowered)} "
@@ -235,27 +237,19 @@ def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
 def _without_inner_loops(loop: ast.Loop) -> tuple[ast.Loop | None, list[tuple[Expr, ...]]]:
     """``loop`` without the inner loops its body runs under a guard, and their guards
     (None where an inner loop runs at every iteration)."""
-    guards: list[tuple[Expr, ...]] = []
-
-    def strip(node: ast.Node, guard: tuple[Expr, ...]) -> ast.Node | None:
-        if isinstance(node, ast.Loop):
-            if not guard:
-                raise ValueError
-            guards.append(guard)
-            return None
-        if isinstance(node, ast.Seq):
-            kept = [c for c in (strip(c, guard) for c in node.body) if c is not None]
-            return ast.Seq(tuple(kept)) if kept else None
-        if isinstance(node, ast.If):
-            then = strip(node.then, (*guard, node.cond))
-            orelse = strip(node.orelse, (*guard, ~node.cond)) if node.orelse is not None else None
-            return ast.If(node.cond, then or ast.Seq(()), orelse) if then or orelse else None
-        return node
-    try:
-        body = strip(loop.body, ())
-    except ValueError:
+    items = ast.guarded_items(loop.body)
+    guards = [guard for node, guard in items if isinstance(node, ast.Loop)]
+    if not all(guards):
         return None, []
-    return ast.Loop(loop.var, loop.start, loop.cond, loop.step, body or ast.Seq(())), guards
+    body = tuple(_under(node, guard) for node, guard in items if isinstance(node, ast.Stmt))
+    return ast.Loop(loop.var, loop.start, loop.cond, loop.step, ast.Seq(body)), guards
+
+
+def _under(node: ast.Node, guard: tuple[Expr, ...]) -> ast.Node:
+    """``node`` under the conditions ``guard``, one ``If`` each."""
+    for cond in reversed(guard):
+        node = ast.If(cond, node)
+    return node
 
 
 def _lowerable_in_spans(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
@@ -320,6 +314,8 @@ class LoopLauncher:
         rows, for NumPy arrays."""
         self.traced: dict[tuple, Callable] = {}
         """Compiled scans by plan signature."""
+        self.span_seconds = 0.0
+        """A loop lowered in spans: the seconds its scans took (planned, compiled, run)."""
         self.compiling: dict[tuple, Future] = {}
         """Scans compiling in the background by signature (a loop lowered in spans: the
         next span's, ``_compile_next``)."""
@@ -423,113 +419,120 @@ class LoopLauncher:
         a host op or an inner loop runs, or too few for a scan, interpreted; the others as
         scans."""
         choice = self.choice
-        values = space.counters[self.planner.nest.vars[0]].tolist()
-        if self.policy.mode == "interpreted" or choice.fallbacks:
+        if choice.fallbacks:  # (a span failed in an earlier entry)
             self.interpret(self.namespace, *outer)
             return
         choice.form = self.last_form = "spans"
+        values = space.counters[self.planner.nest.vars[0]].tolist()
         instances = {name: (st, iterations, coords)
                      for name, st, iterations, coords in self.planner.instances(outer, space)}
-        apart = np.zeros(space.trips, bool)  # interpreted: a host op or an inner loop runs
-        for st, iterations, _ in instances.values():
-            if st.kind == "exec" and st.op.definition.host and not point_op(st.op):
-                apart[iterations] = True
-        counters = [space.counters[v] for v in self.planner.nest.vars]
-        for guard in self.elsewhere:  # iterations that run an inner loop
-            apart |= np.logical_and.reduce([np.broadcast_to(c, apart.shape)
-                                            for c in guard(*outer, *counters)])
-        freed_at: dict[tuple[int, int], dict[int, int]] = {}  # ring rows' frees, made when needed
+        apart = self._apart(outer, space, instances)
+        frees: dict[tuple[int, int], dict[int, int]] = {}  # per ring, its points' frees (when needed)
         n = 0
         while n < space.trips:
-            span = None if apart[n] else self._span_at(n, space.trips, apart, instances, freed_at)
+            span = None if apart[n] else self._span_at(n, space.trips, apart, instances, frees)
             if not isinstance(span, _Span):
-                stop = n + 1 if span is None else max(span, n + 1)
+                stop = n + 1 if span is None else span
                 while stop < space.trips and apart[stop] and apart[n]:
                     stop += 1
                 self.spans(self.namespace, values[n:stop], *outer)
-                choice.iterations[1] += stop - n
+                choice.interpreted_iterations += stop - n
                 n = stop
                 continue
-            self._compiling = 0.0
+            begin = time.perf_counter()
             try:
                 self._run_lowered(self.planner.plan(outer, space.span(n, span.stop)), span)
             except Unlowerable as why:  # the rest, and the later entries, interpreted
                 choice.fallbacks.append(str(why))
                 self.spans(self.namespace, values[n:], *outer)
-                choice.iterations[1] += space.trips - n
-                return
-            choice.iterations[0] += span.stop - n
+                choice.interpreted_iterations += space.trips - n
+                break
+            self.span_seconds += time.perf_counter() - begin
+            choice.iterations_in_scans += span.stop - n
             choice.scans += 1
             n = span.stop
+        self.compiling.clear()  # predictions no span took (their programs are dropped when done)
+
+    def _apart(self, outer: tuple[int, ...], space: nest.Space, instances: dict) -> np.ndarray:
+        """Per iteration of an entry, whether it is interpreted whatever the buffers: a
+        host op or an inner loop runs there."""
+        apart = np.zeros(space.trips, bool)
+        for st, iterations, _ in instances.values():
+            if st.kind == "exec" and st.op.definition.host and not point_op(st.op):
+                apart[iterations] = True
+        counters = [space.counters[v] for v in self.planner.nest.vars]
+        for guard in self.elsewhere:
+            apart |= np.logical_and.reduce([np.broadcast_to(c, apart.shape)
+                                            for c in guard(*outer, *counters)])
+        return apart
 
     def _span_at(self, n: int, trips: int, apart: np.ndarray, instances: dict,
-                 freed_at: dict[tuple[int, int], dict[int, int]]) -> _Span | int:
-        """The span from iteration ``n`` (the block kernels' buffers grown for it), or
-        where the iterations to interpret from ``n`` end: a span lasts while no host op
-        or inner loop runs (``apart``), every block kernel runs, the buffers it writes
-        hold the rows it writes without growing (a ring: without overwriting a row still
-        needed), and it reads its buffers alike (``_block_reads``); one shorter than
-        ``MIN_SPAN`` iterations is interpreted."""
-        planner = self.planner
+                 frees: dict[tuple[int, int], dict[int, int]]) -> _Span | int:
+        """The span from iteration ``n`` (the block kernels' buffers made or grown for
+        it), or where the iterations to interpret from ``n`` end (after ``n``): a span
+        lasts while no host op or inner loop runs (``apart``), its outputs stacked stay
+        within ``max_stacked_mb``, and every block kernel can run there as one scan
+        (``_kernel_part``); one shorter than ``MIN_SPAN`` iterations is interpreted."""
         stop = n + int(np.argmax(apart[n:])) if apart[n:].any() else trips
-        stop = min(stop, n + self._most_stacked(n, instances))
-        kernels: dict[int, tuple[tuple[int, ...], list[int], int]] = {}
-        targets, prefixes, keys, buffers, puts = [], [], [], [], []
-        starts: list[np.ndarray] = []  # per block read: its first row at each iteration
-        for pos, layout in planner.buffered.items():
-            op, edges = planner.execs[pos]
-            _, iterations, coords = instances[planner.items[planner.exec_items[pos]][0]]
-            at = int(np.searchsorted(iterations, n))
-            if at >= len(iterations) or iterations[at] != n:
-                return n + 1
-            its = iterations[at:at + stop - n]
-            stop = n + _leading(its == np.arange(n, n + len(its)))
-            points = [c[at:at + stop - n] for c in coords]
-            stop = n + min([_leading(c == c[0]) for c in points[:-1]], default=stop - n)
-            points = [c[:stop - n] for c in points]
-            prefix = tuple(int(c[0]) for c in points[:-1])
-            ks = points[-1]
-            with grown_buffers:  # as the interpreted launch at ``n`` would
-                for store in layout.targets:
-                    store.row_slot((*prefix, int(ks[0])))
-            for k, store in zip(layout.written, layout.targets):
-                if isinstance(store, WindowStore):
-                    frees = freed_at.get((op.id, k))
-                    if frees is None:
-                        frees = freed_at[(op.id, k)] = _frees_of(op.id, k, instances)
-                    stop = n + store.first_overwritten(prefix, ks[:stop - n].tolist(), n, frees)
-                else:
-                    stop = n + _leading(ks[:stop - n] < store.blocks[prefix].shape[store.rows_axis])
-            alike, counts, rows = self._block_reads(pos, layout, [c[:stop - n] for c in points], prefix)
-            stop = n + alike
+        most = self._most_stacked(n, stop, instances)
+        stop = min(stop, n + most)
+        parts = []
+        for pos, layout in self.planner.buffered.items():
             if stop - n < MIN_SPAN:
-                return stop
-            kernels[pos] = (counts, list(range(len(targets), len(targets) + len(layout.targets))),
-                            len(starts))
-            starts.extend(rows)
-            for k, store in zip(layout.written, layout.targets):
-                targets.append(store)
-                prefixes.append(prefix)
-                keys.append((op.id, k))
-                buffers.append(store.blocks[prefix])
-                puts.append(ks)
+                break
+            part = self._kernel_part(pos, layout, n, stop, instances, frees)
+            if isinstance(part, int):
+                return part
+            stop = n + len(part.ks)
+            parts.append(part)
         if stop - n < MIN_SPAN:
-            return stop
-        rows = tuple(store.rows_of(prefix, ks[:stop - n]).astype(np.int32)
-                     for store, prefix, ks in zip(targets, prefixes, puts))
-        firsts = tuple(first[:stop - n].astype(np.int32) for first in starts)
-        return _Span(stop, kernels, targets, keys, tuple(buffers), rows, firsts, trips - stop)
+            return max(stop, n + 1)
+        return _Span.of(parts, n, stop, trips, most)
 
-    def _most_stacked(self, n: int, instances: dict) -> int:
-        """The most iterations a span from iteration ``n`` may have for its outputs stacked
-        over them to stay within ``LoopPolicy.max_stacked_mb``: an upper bound, counting
-        every output of the ops that run at ``n`` but the rows written into buffers (the
-        constants a loop makes at its first iteration do not count after it)."""
+    def _kernel_part(self, pos: int, layout: KernelBuffers, n: int, stop: int, instances: dict,
+                     frees: dict[tuple[int, int], dict[int, int]]) -> _Part | int:
+        """Block kernel ``pos`` from iteration ``n`` (at most to ``stop``): its buffers
+        made or grown as its launch at ``n`` would (a ring made, never grown here), and
+        for how many iterations it runs at consecutive points of one prefix, the buffers
+        hold the rows it writes without growing (a ring: without overwriting a row still
+        needed, ``WindowStore.first_overwritten``) and it reads them alike
+        (``_block_reads``). Where it does not run at ``n``: ``n + 1``."""
+        op = self.execs[pos][0]
+        _, iterations, coords = instances[self.planner.items[self.planner.exec_items[pos]][0]]
+        at = int(np.searchsorted(iterations, n))
+        if at >= len(iterations) or iterations[at] != n:
+            return n + 1
+        its = iterations[at:at + stop - n]
+        count = _leading(its == np.arange(n, n + len(its)))
+        points = [c[at:at + count] for c in coords]
+        count = min([_leading(c == c[0]) for c in points[:-1]], default=count)
+        points = [c[:count] for c in points]
+        prefix = tuple(int(c[0]) for c in points[:-1])
+        ks = points[-1]
+        with grown_buffers:
+            for store in layout.targets:
+                store.buffer_at((*prefix, int(ks[0])))
+        count, counts, starts = self._block_reads(pos, layout, points, prefix)
+        for k, store in zip(layout.written, layout.targets):
+            if isinstance(store, WindowStore):
+                if (op.id, k) not in frees:
+                    frees[(op.id, k)] = _frees_of(op.id, k, instances)
+                count = store.first_overwritten(prefix, ks[:count].tolist(), n, frees[(op.id, k)])
+            else:
+                count = _leading(ks[:count] < store.blocks[prefix].shape[store.rows_axis])
+        return _Part(pos, op.id, layout, prefix, ks[:count], counts, [first[:count] for first in starts])
+
+    def _most_stacked(self, n: int, stop: int, instances: dict) -> int:
+        """The most iterations a span from iteration ``n`` (to ``stop`` at most) may have
+        for its outputs stacked over them to stay within ``LoopPolicy.max_stacked_mb``: an
+        upper bound, counting every output of the ops that run there but the rows written
+        into buffers (the constants a loop makes at its first iteration do not count after
+        it)."""
         row = 0
         for pos, (op, _) in enumerate(self.execs):
             iterations = instances[self.planner.items[self.planner.exec_items[pos]][0]][1]
             at = int(np.searchsorted(iterations, n))
-            if at == len(iterations) or iterations[at] != n:
+            if at == len(iterations) or iterations[at] >= stop:
                 continue
             for k in range(len(op.outputs)):
                 if (op.id, k) not in self.planner.in_buffers:
@@ -542,10 +545,12 @@ class LoopLauncher:
         """How a block kernel reads its buffers at its ``points`` from the first on, as
         its launcher may (``blocks.KernelBuffers``): for how many points they read alike,
         the rows each read takes and, per read, its first row at each point. Whole
-        buffers where every read may take its whole buffer: reads of a growing buffer's
-        first rows (``widens``), or, where ``rings``, reads as long as the rings that start
+        buffers where every read may take its whole buffer: where ``widens``, reads of the
+        first rows of buffers of one length that grow by tiles (``BlockStore.step``: a
+        tile at most is masked) or that the reads cover for more than
+        ``WHOLE_BUFFER_SHARE``; where ``rings``, reads as long as the rings that start
         together and whose points fill the ring or start at its first row
-        (``WindowStore.ring_slice``); else runs of the buffer's rows inside it, as long at
+        (``WindowStore.ring_slice``). Else runs of the buffer's rows inside it, as long at
         every point."""
         op, edges = self.execs[pos]
         lengths = [store.blocks[prefix].shape[store.rows_axis] for store in layout.sources]
@@ -565,9 +570,13 @@ class LoopLauncher:
                 capacity = store.capacity[prefix]
                 whole &= (size == capacity) & ((np.maximum(0, stop - start) + 1 == capacity)
                                                | (start % capacity == 0))
+        elif layout.widens and len(set(lengths)) == 1:  # as ``blocks.whole_buffers`` (a growing
+            whole = np.logical_and.reduce([start == 0 for start in starts])  # buffer: always)
+            if not all(store.step for store in layout.sources):
+                whole &= np.logical_and.reduce([size > WHOLE_BUFFER_SHARE * length
+                                                for (_, _, size), length in zip(reads, lengths)])
         else:
-            whole = np.logical_and.reduce([start == 0 for start in starts]) if layout.widens \
-                else np.zeros(len(starts[0]), bool)
+            whole = np.zeros(len(starts[0]), bool)
         if whole[0]:
             return _leading(whole), tuple(lengths), [np.zeros(len(whole), np.int64) for _ in reads]
         rows = [store.rows_of(prefix, start) for (start, _, _), store in zip(reads, layout.sources)]
@@ -603,11 +612,15 @@ class LoopLauncher:
             self.traced[signature] = fn
             backend = self.backend
             self.collective[signature] = backend.one_at_a_time and backend.holds_collectives(fn)
+        frees = plan.frees
         if span is None:
             last, outputs = fn(*args)
         else:
-            self._compile_next(plan, span, args)
+            self._compile_next(plan, span)
             last, outputs, buffers = fn(*args)
+            for op, freed, points in frees:  # the points made before it that the span frees
+                self._free(op, freed, points)
+            frees = []
             span.written_back(plan, buffers)
         if self.wait_for_outputs or self.collective[signature]:
             self.backend.synchronize((last, outputs))
@@ -623,14 +636,14 @@ class LoopLauncher:
             else:
                 rows, points = made.kept
                 self.stores[key].write_rows(points, values, made.kept_runs if key in sparse else rows)
-        for op, freed, points in plan.frees:
+        for op, freed, points in frees:
             self._free(op, freed, points)
 
     def _jitted(self, plan: Plan, span: _Span | None) -> Callable:
         """The scan of ``plan`` (and ``span``), jitted; a span's buffers are donated."""
         return self.backend.jax.jit(self._scan(plan, span), donate_argnums=(6,) if span is not None else ())
 
-    def _compile_next(self, plan: Plan, span: _Span, args: tuple) -> None:
+    def _compile_next(self, plan: Plan, span: _Span) -> None:
         """Start compiling, on a background thread, the scan of the span after ``span``
         as it will likely be (``_Span.grown``: a decoder's next tile), while ``span`` runs.
         Its plan is taken to be this one's, moved (``LoopPlanner``'s templates)."""
@@ -706,8 +719,8 @@ class LoopLauncher:
                     if pos in in_buffers:  # a block kernel: reads and writes the carried buffers
                         body, counts, where, unwritten, first = in_buffers[pos]
                         reads = iter(start_now[first:first + len(counts)])
-                        xs = [next(reads) if s.kind == "buffer" else value(s) for s in row]
-                        outs, written = body(counts, *xs, *(held[n] for n in where),
+                        inputs = [next(reads) if s.kind == "buffer" else value(s) for s in row]
+                        outs, written = body(counts, *inputs, *(held[n] for n in where),
                                              *(put_now[n] for n in where))
                         for n, block in zip(where, written):
                             held[n] = block
@@ -745,7 +758,7 @@ class LoopLauncher:
         reads of each buffer, which of the span's buffers it writes, its outputs not
         written into buffers, and where its reads' first rows are among the span's."""
         out = {}
-        for pos, (counts, where, first) in span.kernels.items():
+        for pos, (counts, where, first) in span.kernels.items():  # (a _Kernel)
             op, edges = self.execs[pos]
             layout = self.planner.buffered[pos]
             params = resolve_params(op.params, self.bounds)
@@ -763,15 +776,40 @@ compiles once per length and buffer shape."""
 
 
 @dataclass
+class _Part:
+    """One block kernel's share of a span (``LoopLauncher._kernel_part``)."""
+
+    pos: int
+    op_id: int
+    layout: KernelBuffers
+    prefix: tuple[int, ...]
+    ks: np.ndarray
+    """The innermost coordinate of its point at each iteration."""
+    counts: tuple[int, ...]
+    """The rows each of its reads takes."""
+    starts: list[np.ndarray]
+    """Per read, its first row at each iteration."""
+
+
+class _Kernel(NamedTuple):
+    """A block kernel in a span's scan."""
+
+    counts: tuple[int, ...]
+    """The rows each of its reads takes."""
+    buffers: list[int]
+    """The positions of the buffers it writes among the span's."""
+    first: int
+    """The position of its first read's first rows among the span's ``starts``."""
+
+
+@dataclass
 class _Span:
     """Iterations of a loop lowered in spans that run as one scan, up to ``stop``
     (exclusive): the block kernels' buffers it carries and the rows it writes them at."""
 
     stop: int
-    kernels: dict[int, tuple[tuple[int, ...], list[int], int]]
-    """Per block kernel (exec position): the rows it reads per slice, the positions of
-    the buffers it writes among the span's, and the position of its first read's first
-    rows among ``starts``."""
+    kernels: dict[int, _Kernel]
+    """Per block kernel (exec position)."""
     targets: list[Any]
     """Per buffer: its store."""
     keys: list[tuple[int, int]]
@@ -781,21 +819,46 @@ class _Span:
     """Per buffer: the row each iteration writes (int32)."""
     starts: tuple
     """Per block read: its first row at each iteration (int32)."""
-    remaining: int = 0
+    remaining: int
     """Iterations of the entry after the span."""
+    most: int
+    """The most iterations a span there may have (``LoopLauncher._most_stacked``)."""
+
+    @classmethod
+    def of(cls, parts: list[_Part], n: int, stop: int, trips: int, most: int) -> _Span:
+        """The span of iterations ``n .. stop - 1`` of an entry of ``trips`` made of the
+        block kernels' ``parts`` (each as long at least)."""
+        count = stop - n
+        kernels, targets, keys, buffers, rows, starts = {}, [], [], [], [], []
+        for part in parts:
+            written = list(range(len(targets), len(targets) + len(part.layout.targets)))
+            kernels[part.pos] = _Kernel(part.counts, written, len(starts))
+            starts.extend(first[:count].astype(np.int32) for first in part.starts)
+            for k, store in zip(part.layout.written, part.layout.targets):
+                targets.append(store)
+                keys.append((part.op_id, k))
+                buffers.append(store.blocks[part.prefix])
+                rows.append(store.rows_of(part.prefix, part.ks[:count]).astype(np.int32))
+        return cls(stop, kernels, targets, keys, tuple(buffers), tuple(rows), tuple(starts), trips - stop,
+                   most)
 
     @property
     def signature(self) -> tuple:
         """What the scan's program depends on beyond the plan."""
-        return (tuple((pos, counts) for pos, (counts, _, _) in sorted(self.kernels.items())),
+        return (tuple((pos, kernel.counts) for pos, kernel in sorted(self.kernels.items())),
                 tuple((tuple(b.shape), str(b.dtype)) for b in self.buffers))
+
+    @property
+    def trips(self) -> int:
+        return len(self.rows[0]) if self.rows else 0
 
     def grown(self) -> _Span | None:
         """The span after this one as it will likely be, where its growing buffers
         (``BlockStore.step``) will be longer by then (None where none grows): its buffers
         as ``BufferShape``s, the rows its kernels read whole longer with them, and as many
-        iterations as the buffers then hold rows to write (or as the entry has left)."""
-        lengths, shapes, trips = {}, [], self.remaining
+        iterations as the buffers then hold rows to write (at most ``most``, and what the
+        entry has left)."""
+        lengths, shapes, trips = {}, [], min(self.remaining, self.most)
         for store, block, rows in zip(self.targets, self.buffers, self.rows):
             axis, length, first = store.rows_axis, block.shape[store.rows_axis], int(rows[-1]) + 1
             longer = length if isinstance(store, WindowStore) or store.step is None \
@@ -807,29 +870,21 @@ class _Span:
         if all(length == longer for length, longer in lengths.values()) or trips < MIN_SPAN:
             return None
         kernels = {}
-        for pos, (counts, where, first) in self.kernels.items():
-            now = [lengths[id(self.targets[n])] for n in where]
+        for pos, kernel in self.kernels.items():
+            now = [lengths[id(self.targets[n])] for n in kernel.buffers]
             counts = tuple(next((longer for length, longer in now if length == count), count)
-                           for count in counts)
-            kernels[pos] = (counts, where, first)
-        shaped = tuple(np.zeros(trips, np.int32) for _ in self.rows)  # (their shapes only)
-        return replace(self, kernels=kernels, buffers=tuple(shapes), rows=shaped,
-                       starts=tuple(np.zeros(trips, np.int32) for _ in self.starts), remaining=0,
-                       stop=self.stop + trips)
-
-    @property
-    def trips(self) -> int:
-        return len(self.rows[0]) if self.rows else 0
+                           for count in kernel.counts)
+            kernels[pos] = kernel._replace(counts=counts)
+        return replace(self, kernels=kernels, buffers=tuple(shapes),  # (rows: their shapes only)
+                       rows=tuple(np.zeros(trips, np.int32) for _ in self.rows),
+                       starts=tuple(np.zeros(trips, np.int32) for _ in self.starts), remaining=0)
 
     def written_back(self, plan: Plan, buffers: tuple) -> None:
-        """The scan's final ``buffers`` back in their stores, with the rows it wrote, and
-        the frees of those the loop freed in the span."""
+        """The scan's final ``buffers`` back in their stores, with the rows it wrote (those
+        the loop freed in the span gone again)."""
         for store, key, block in zip(self.targets, self.keys, buffers):
             made = plan.made[key]
-            store.written_by_scan(made.points, block)
-            freed = [point for point, gone in zip(made.points, made.freed) if gone]
-            if freed:
-                store.free_many(freed)
+            store.written_by_scan(made.points, block, made.freed)
 
 
 def _leading(holds: np.ndarray) -> int:

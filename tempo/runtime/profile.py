@@ -63,18 +63,22 @@ class RunProfile:
     def instrument_loop(self, name: str, launch: Callable) -> Callable:
         """A lowerable loop's launcher (``tempo.runtime.lowering``): the entries that ran
         as one scan or batched on the host are timed whole, as ``("loop", name)``, waiting
-        for the scan's outputs (the point ops it computes are in that row too); interpreted
-        ones are already timed statement by statement."""
+        for the scan's outputs (the point ops it computes are in that row too), and so are
+        the scans of a loop lowered in spans (a call per scan); interpreted iterations are
+        already timed statement by statement."""
         entry = self.ops.setdefault(("loop", name), OpTime())
         clock = time.perf_counter
         launch.wait_for_outputs = True
 
         def timed(point: tuple[int, ...]) -> None:
-            start = clock()
+            start, scans, spans = clock(), launch.choice.scans, launch.span_seconds
             launch(point)
             if launch.last_form in ("lowered", "batched"):
                 entry.seconds += clock() - start
                 entry.calls += 1
+            elif launch.last_form == "spans":  # its scans; the rest is timed by statement
+                entry.seconds += launch.span_seconds - spans
+                entry.calls += launch.choice.scans - scans
         return timed
 
     def table(self, top: int | None = None) -> str:

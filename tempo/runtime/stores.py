@@ -659,23 +659,29 @@ class BlockStore:
         self.blocks[point[:-1]] = block
         self._written(point[:-1], point[-1])
 
-    def written_by_scan(self, points: list[tuple[int, ...]], block: Any) -> None:
-        """``block``, a buffer a lowered loop's scan carried (``row_slot`` gave it at the
-        first of ``points``), with the rows of ``points`` (of one prefix, in order)
-        written at their rows (``rows_of``), replaces it."""
+    def buffer_at(self, point: tuple[int, ...]) -> Any:
+        """The buffer a write at ``point`` goes to, made or grown as that write would make
+        it (a lowered loop's span then writes it, ``written_by_scan``)."""
+        return self._block(point[:-1], point[-1])
+
+    def written_by_scan(self, points: list[tuple[int, ...]], block: Any, freed: list[bool]) -> None:
+        """``block``, a buffer a lowered loop's span carried (``buffer_at`` gave it at the
+        first of ``points``), with the rows of ``points`` (of one prefix, in order) written
+        at their rows (``rows_of``), replaces it; those ``freed`` were freed in the span
+        again, each after the next was written (as a window's are)."""
         prefix = points[0][:-1]
         self.blocks[prefix] = block
-        ks = {point[-1] for point in points}
-        self.produced[prefix] |= ks
+        self.produced[prefix].update(point[-1] for point in points)
         live = self.live[prefix]
-        new = ks - live
-        live |= new
-        self.stats.live += len(new)
-        self.stats.peak = max(self.stats.peak, self.stats.live)
+        kept = {point[-1] for point, gone in zip(points, freed) if not gone} - live
+        live |= kept
+        self.stats.live += len(kept)
+        self.stats.peak = max(self.stats.peak, self.stats.live + any(freed))
+        self._release_if_done(prefix)
 
     def rows_of(self, prefix: tuple[int, ...], ks: np.ndarray) -> np.ndarray:
         """The buffer rows of points ``ks`` (an array) of ``prefix``."""
-        return ks
+        return self._slot(prefix, ks)
 
     def _written(self, prefix: tuple[int, ...], k: int) -> None:
         self.produced[prefix].add(k)
@@ -912,15 +918,17 @@ class WindowStore(BlockStore):
         self.written[prefix][k % self.capacity[prefix]] = k
         super().written_by_kernel(point, block)
 
-    def written_by_scan(self, points: list[tuple[int, ...]], block: Any) -> None:
+    def buffer_at(self, point: tuple[int, ...]) -> Any:
+        """The ring of ``point``'s prefix, made if need be but never grown here (a span
+        overwrites only rows no longer needed, ``first_overwritten``)."""
+        return self._block(point[:-1])
+
+    def written_by_scan(self, points: list[tuple[int, ...]], block: Any, freed: list[bool]) -> None:
         prefix = points[0][:-1]
         capacity, written = self.capacity[prefix], self.written[prefix]
         for point in points:
             written[point[-1] % capacity] = point[-1]
-        super().written_by_scan(points, block)
-
-    def rows_of(self, prefix: tuple[int, ...], ks: np.ndarray) -> np.ndarray:
-        return ks % self.capacity[prefix]
+        super().written_by_scan(points, block, freed)
 
     def first_overwritten(self, prefix: tuple[int, ...], ks: list[int], first: int,
                           freed_at: dict[int, int]) -> int:

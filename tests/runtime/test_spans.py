@@ -58,7 +58,7 @@ def test_runs_of_rows_from_a_moving_first_row_are_read_in_place():
     np.testing.assert_allclose(got[s], expected[s.key], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[y], expected[y.key], rtol=1e-6)
     choice = _spans(exe)
-    assert choice.iterations[0] >= 50 and choice.scans >= 1
+    assert choice.iterations_in_scans >= 50 and choice.scans >= 1
 
 
 def _spans(exe) -> tp.runtime.lowering.LoopChoice:
@@ -79,12 +79,16 @@ def test_a_block_kernels_loop_runs_in_spans(window, tile, lowered, scans):
     nothing."""
     exe, got = _run(90, window, tile=tile)
     choice = _spans(exe)
-    assert choice.iterations == [lowered, 90 - lowered] and choice.scans == scans
+    counts = (choice.iterations_in_scans, choice.interpreted_iterations, choice.scans)
+    assert counts == (lowered, 90 - lowered, scans)
     compiled = choice.compile_seconds
     np.testing.assert_array_equal(exe.run()[exe.outputs[0]], got)
     assert choice.compile_seconds == compiled and choice.scans == 2 * scans
-    _, interpreted_run = _run(90, window, tp.LoopPolicy(mode="interpreted"), tile=tile)
+    interpreted, interpreted_run = _run(90, window, tp.LoopPolicy(mode="interpreted"), tile=tile)
     np.testing.assert_allclose(got, interpreted_run, rtol=1e-6)
+    # the device bytes the stores held at most (the buffers), and what is left, as interpreted
+    assert exe.stats.device.peak == interpreted.stats.device.peak
+    assert exe.stats.live == interpreted.stats.live and exe.stats.device.now == interpreted.stats.device.now
 
 
 def test_the_next_tiles_scan_compiles_while_a_span_runs(monkeypatch):
@@ -107,8 +111,8 @@ def test_the_next_tiles_scan_compiles_while_a_span_runs(monkeypatch):
 
 
 def test_a_loop_with_a_host_op_at_every_point_is_not_lowered():
-    """A sink at every point needs the host at every iteration: the loop stays
-    interpreted (no span could last)."""
+    """A sink at every point needs the host at every iteration, unguarded: the loop is
+    not lowered at all."""
     ctx, bounds, s = _attention(40)
     seen = []
     with ctx:
@@ -119,9 +123,36 @@ def test_a_loop_with_a_host_op_at_every_point_is_not_lowered():
     assert not any(c.form == "spans" for c in exe.loop_choices.values())
 
 
-def test_spans_are_interpreted_where_the_policy_says_so():
-    exe, _ = _run(40, None, tp.LoopPolicy(mode="interpreted"))
-    assert all(c.form != "spans" for c in exe.loop_choices.values())
+def test_a_host_op_at_every_other_point_leaves_no_span():
+    """A sink guarded to the even points: the loop is lowered in spans, but no stretch
+    without it is long enough for a scan; the values are the reference's."""
+    ctx, bounds, s = _attention(40)
+    seen = []
+    (t,) = ctx.dims
+    with ctx:
+        tp.sink(s, lambda value, point: seen.append(point["t"]), when=t % 2 == 0)
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+        got = exe.run()[s]
+    assert seen == list(range(0, 40, 2))
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    choice = _spans(exe)
+    assert (choice.iterations_in_scans, choice.interpreted_iterations) == (0, 40)
+
+
+def test_spans_are_not_made_where_the_policy_interprets():
+    exe, got = _run(40, None, tp.LoopPolicy(mode="interpreted"))
+    assert exe.loop_choices == {}
+
+
+def test_outputs_stacked_beyond_the_policys_bound_shorten_the_spans():
+    """``max_stacked_mb`` below one iteration's outputs: no span at all (interpreted);
+    below 40 iterations' (``s`` is 8 bytes a point): spans of at most that many. The
+    values are the reference's either way."""
+    exe, _ = _run(90, None, tp.LoopPolicy(max_stacked_mb=1e-6))
+    assert _spans(exe).iterations_in_scans == 0
+    exe, _ = _run(90, None, tp.LoopPolicy(max_stacked_mb=20 * 8 / 2**20), tile=64)
+    choice = _spans(exe)
+    assert choice.iterations_in_scans > 0 and choice.iterations_in_scans <= 20 * choice.scans
 
 
 def test_a_ring_row_still_needed_is_not_overwritten_by_a_span():
@@ -137,4 +168,21 @@ def test_a_ring_row_still_needed_is_not_overwritten_by_a_span():
     assert store.first_overwritten((0,), [4, 5, 6], first=10, freed_at={1: 11}) == 1  # freed too late
     assert store.first_overwritten((0,), [4, 5, 6], first=10, freed_at={1: 10}) == 2
     assert store.first_overwritten((0,), [4, 5, 6], first=10, freed_at={1: 10, 2: 11}) == 3
+    # points 4.. wrap around the ring within the span: 8 replaces 4 once 4 was freed
+    everything = {1: 10, 2: 11, 3: 12, 4: 13}
+    assert store.first_overwritten((0,), [4, 5, 6, 7, 8, 9], first=10, freed_at=everything) == 5
+    assert store.first_overwritten((0,), [4, 5, 6, 7, 8], first=10, freed_at={**everything, 4: 14}) == 4
     assert store.capacity[(0,)] == 4  # nothing grew
+
+
+def test_the_profile_times_each_scan_of_a_loop_in_spans():
+    """``RunProfile``: a loop lowered in spans gets a row with one call per scan (its
+    interpreted iterations are timed statement by statement)."""
+    ctx, bounds, s = _attention(90)
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
+    profile = tp.RunProfile()
+    exe.run(profile=profile)
+    (name,) = [name for name, c in exe.loop_choices.items() if c.form == "spans"]
+    row = profile.ops[("loop", name)]
+    assert row.calls == exe.loop_choices[name].scans == 5 and row.seconds > 0
