@@ -272,14 +272,16 @@ def _lowerable_in_spans(loop: ast.Loop, statements: dict[str, Statement], graph:
 
 def _block_kernel_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
     """A fused device op whose slice reads are all tiled reads of its own outputs' earlier
-    rows along the loop's dim (``tempo.passes.newest``): on JAX its kernel writes those
-    rows into device buffers and reads them there (``tempo.runtime.blocks``), and a scan
-    can carry the buffers."""
+    rows along the loop's dim (``tempo.passes.newest``) and whose outputs have one shape
+    (no padded value leaves it): on JAX its kernel writes those rows into device buffers
+    and reads them there (``tempo.runtime.blocks``), and a scan can carry the buffers."""
     edges = graph.in_edges(op)
     slices = [e for e in edges if e.slices]
+    known = set(bounds)
     return bool(slices) and op.kind == "fused" and not op.definition.host \
         and not (param_symbols(op.params) & set(op.domain)) \
-        and has_static_shapes(op, edges, set(bounds), tiled=True) \
+        and has_static_shapes(op, edges, known, tiled=True) \
+        and all(d.symbols() <= known for t in op.outputs for d in t.shape) \
         and all(e.tiled and e.src.id == op.id and e.slices == (len(e.phi) - 1,) for e in slices)
 
 
