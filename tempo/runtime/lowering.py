@@ -760,7 +760,7 @@ class LoopLauncher:
         reads of each buffer, which of the span's buffers it writes, its outputs not
         written into buffers, and where its reads' first rows are among the span's."""
         out = {}
-        for pos, (counts, where, first) in span.kernels.items():  # (a _Kernel)
+        for pos, (counts, where, first) in span.kernels.items():
             op, edges = self.execs[pos]
             layout = self.planner.buffered[pos]
             params = resolve_params(op.params, self.bounds)
