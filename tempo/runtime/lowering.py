@@ -311,6 +311,9 @@ class LoopLauncher:
         """A loop lowered in spans: its body interpreted at given counter values."""
         self.elsewhere = [compile_vectorized(guard, [*outer, loop.var]) for guard in lowerable.elsewhere]
         """Per inner loop a loop lowered in spans leaves out, its guard, for NumPy arrays."""
+        self._row_bytes: list[int] | None = None
+        """Per exec, the bytes of its outputs a scan would stack per iteration (not those
+        written into buffers; ``_most_stacked``)."""
         self._slice_bounds: dict[tuple[int, int], Callable] = {}
         """Per slice read of a block kernel (a loop lowered in spans): its start, stop and
         rows, for NumPy arrays."""
@@ -498,7 +501,8 @@ class LoopLauncher:
         for how many iterations it runs at consecutive points of one prefix, the buffers
         hold the rows it writes without growing (a ring: without overwriting a row still
         needed, ``WindowStore.first_overwritten``) and it reads them alike
-        (``_block_reads``). Where it does not run at ``n``: ``n + 1``."""
+        (``_block_reads``). Where it does not run at ``n``, or its reads do not fit there:
+        where to interpret to."""
         op = self.execs[pos][0]
         _, iterations, coords = instances[self.planner.items[self.planner.exec_items[pos]][0]]
         at = int(np.searchsorted(iterations, n))
@@ -514,7 +518,10 @@ class LoopLauncher:
         with grown_buffers:
             for store in layout.targets:
                 store.buffer_at((*prefix, int(ks[0])))
-        count, counts, starts = self._block_reads(pos, layout, points, prefix)
+        reads = self._block_reads(pos, layout, points, prefix)
+        if reads.unfit:  # (interpreted a few at a time: the buffers may grow meanwhile)
+            return n + min(reads.unfit, MIN_SPAN)
+        count, counts, starts = reads.alike, reads.counts, reads.starts
         for k, store in zip(layout.written, layout.targets):
             if isinstance(store, WindowStore):
                 if (op.id, k) not in frees:
@@ -530,20 +537,19 @@ class LoopLauncher:
         upper bound, counting every output of the ops that run there but the rows written
         into buffers (the constants a loop makes at its first iteration do not count after
         it)."""
+        if self._row_bytes is None:
+            self._row_bytes = [sum(self._output_bytes((op.id, k)) for k in range(len(op.outputs))
+                                   if (op.id, k) not in self.planner.in_buffers) for op, _ in self.execs]
         row = 0
-        for pos, (op, _) in enumerate(self.execs):
+        for pos, nbytes in enumerate(self._row_bytes):
             iterations = instances[self.planner.items[self.planner.exec_items[pos]][0]][1]
             at = int(np.searchsorted(iterations, n))
-            if at == len(iterations) or iterations[at] >= stop:
-                continue
-            for k in range(len(op.outputs)):
-                if (op.id, k) not in self.planner.in_buffers:
-                    shape, dtype = self.planner.output_type((op.id, k))
-                    row += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            if at < len(iterations) and iterations[at] < stop:
+                row += nbytes
         return int(self.policy.max_stacked_mb * 2**20 // max(row, 1))
 
     def _block_reads(self, pos: int, layout: KernelBuffers, points: list[np.ndarray],
-                     prefix: tuple[int, ...]) -> tuple[int, tuple[int, ...], list[np.ndarray]]:
+                     prefix: tuple[int, ...]) -> _Reads:
         """How a block kernel reads its buffers at its ``points`` from the first on, as
         its launcher may (``blocks.KernelBuffers``): for how many points they read alike,
         the rows each read takes and, per read, its first row at each point. Whole
@@ -553,7 +559,8 @@ class LoopLauncher:
         ``WHOLE_BUFFER_SHARE``; where ``rings``, reads as long as the rings that start
         together and whose points fill the ring or start at its first row
         (``WindowStore.ring_slice``). Else runs of the buffer's rows inside it, as long at
-        every point."""
+        every point. Where the first point reads neither way: for how many points that
+        holds (``_Reads.unfit``)."""
         op, edges = self.execs[pos]
         lengths = [store.blocks[prefix].shape[store.rows_axis] for store in layout.sources]
         reads = []
@@ -580,12 +587,14 @@ class LoopLauncher:
         else:
             whole = np.zeros(len(starts[0]), bool)
         if whole[0]:
-            return _leading(whole), tuple(lengths), [np.zeros(len(whole), np.int64) for _ in reads]
+            return _Reads(_leading(whole), tuple(lengths), [np.zeros(len(whole), np.int64) for _ in reads])
         rows = [store.rows_of(prefix, start) for (start, _, _), store in zip(reads, layout.sources)]
-        sliced = ~whole
-        for (_, _, size), first, length in zip(reads, rows, lengths):
-            sliced &= (size == size[0]) & (first + size <= length)
-        return _leading(sliced), tuple(int(size[0]) for _, _, size in reads), rows
+        inside = [first + size <= length for (_, _, size), first, length in zip(reads, rows, lengths)]
+        sliced = ~whole & np.logical_and.reduce(inside)
+        if not sliced[0]:
+            return _Reads(0, (), [], unfit=_leading(~(whole | sliced)))
+        sliced &= np.logical_and.reduce([size == size[0] for _, _, size in reads])
+        return _Reads(_leading(sliced), tuple(int(size[0]) for _, _, size in reads), rows)
 
     def _free(self, op: Op, outputs: tuple[int, ...], points: list[tuple]) -> None:
         for k in outputs:
@@ -668,12 +677,12 @@ class LoopLauncher:
     def _stacked_bytes(self, plan: Plan) -> int:
         """Bytes of the plan's outputs stacked over the entry's iterations (or runs)."""
         rows = dict(plan.sparse)
-        total = 0
-        for key in plan.exported:
-            shape, dtype = self.planner.output_type(key)
-            row = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            total += rows.get(key, plan.trips) * row
-        return total
+        return sum(rows.get(key, plan.trips) * self._output_bytes(key) for key in plan.exported)
+
+    def _output_bytes(self, key: tuple[int, int]) -> int:
+        """Bytes of one point of a body op's output ``key``."""
+        shape, dtype = self.planner.output_type(key)
+        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
     def _scan(self, plan: Plan, span: _Span | None = None) -> Callable:
         """The loop as a function of the plan's values (and a span's buffers and the rows
@@ -791,6 +800,20 @@ class _Part:
     """The rows each of its reads takes."""
     starts: list[np.ndarray]
     """Per read, its first row at each iteration."""
+
+
+class _Reads(NamedTuple):
+    """How a block kernel reads its buffers over a stretch (``LoopLauncher._block_reads``)."""
+
+    alike: int
+    """For how many points from the first it reads them alike."""
+    counts: tuple[int, ...]
+    """The rows each read takes."""
+    starts: list[np.ndarray]
+    """Per read, its first row at each point."""
+    unfit: int = 0
+    """Where the first point reads them neither whole nor as one run of rows: for how many
+    points from it that holds."""
 
 
 class _Kernel(NamedTuple):
