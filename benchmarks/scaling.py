@@ -3,6 +3,7 @@ dim split over 1, 2 and 4 devices (``distributed=data``), side by side.
 
     python benchmarks/scaling.py                          # 1, 2, 4 devices, both algorithms
     python benchmarks/scaling.py --devices 1 4 --algorithms ppo --iterations 3
+    python benchmarks/scaling.py --num-envs 64                # a small run: fixed costs dominate
 
 On a machine without an accelerator the devices are forced CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=N``): they share the machine's cores,
@@ -130,7 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS), default=list(ALGORITHMS))
-    p.add_argument("--num-envs", type=int, default=64)
+    p.add_argument("--num-envs", type=int, default=512,
+                   help="envs per iteration (the paper's 512; at 64, fixed costs per launch dominate)")
     p.add_argument("--num-steps", type=int, default=128)
     p.add_argument("--iterations", type=int, default=5, help="measured iterations (after the warm-up)")
     p.add_argument("--warmup", type=int, default=2)
