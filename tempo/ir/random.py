@@ -36,12 +36,7 @@ function", GPU Computing Gems, 2011), highest degree first: in ``w - 2.5`` where
 
 
 def threefry2x32(xp: Any, key: tuple[Any, Any], counter: tuple[Any, Any]) -> tuple[Any, Any]:
-    """Encrypt ``counter`` (two uint32 arrays) under ``key`` (two uint32 values, or arrays
-    that broadcast with the counter). An array module with a ``threefry2x32`` of its own
-    computes the same function its own way (the XLA one: as one JAX primitive)."""
-    own = getattr(xp, "threefry2x32", None)
-    if own is not None:
-        return own(key, counter)
+    """Encrypt ``counter`` (two uint32 arrays) under ``key`` (two uint32 values)."""
     u32 = xp.uint32
     k0, k1 = key
     schedule = (k0, k1, k0 ^ k1 ^ u32(PARITY))

@@ -557,19 +557,6 @@ class XlaNamespace:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jnp, name)
 
-    def threefry2x32(self, key: tuple[Any, Any], counter: tuple[Any, Any]) -> tuple[Any, Any]:
-        """``tempo.ir.random.threefry2x32`` as JAX's primitive (the same 20 rounds). Written
-        out in jnp operations, each call traced and lowered some 120 operations: in PPO's
-        first iteration about 0.2 s of the main thread's tracing and lowering; the
-        primitive is one operation to trace, and on a CPU it lowers to a loop over the
-        rounds, which XLA compiles faster."""
-        from jax.extend.random import threefry2x32_p
-        jnp = self._jnp
-        words = [jnp.asarray(w, jnp.uint32) for w in (*key, *counter)]
-        shape = jnp.broadcast_shapes(*(jnp.shape(w) for w in words))
-        x0, x1 = threefry2x32_p.bind(*(jnp.broadcast_to(w, shape) for w in words))
-        return x0, x1
-
     def _host_argsort(self, x: Any, axis: int = -1, stable: bool = True) -> Any:
         if x.size < HOST_SORT_MIN:
             return self._jnp.argsort(x, axis=axis, stable=stable)
