@@ -173,9 +173,8 @@ class LanguageModel:
             if request.new:
                 tokens[t >= P] = chosen[t - 1]
             if request.new and eos is not None:  # every sequence has ended: stop decoding
-                (ended,) = tp.udf(lambda point, c: np.asarray(point["t"] >= P - 1 and bool((c == eos).all())),
-                                  [chosen], outputs=[((), "bool")], name="all_ended", pass_point=True)
-                tp.stop_when(ended)
+                ended = (chosen == eos).astype("int32").min() > 0  # (on the device: a sink's
+                tp.stop_when(ended & (tp.symbol_value(t) >= P - 1))  # calls wait for a scan)
             if request.progress:
                 tp.sink(chosen, lambda _, point: feed["bar"].update(1), name="progress", when=t >= P - 1)
         outputs = {"chosen": chosen, **({"logits": logits} if request.keep_logits else {})}

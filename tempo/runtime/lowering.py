@@ -41,8 +41,9 @@ its runs are not bitwise reproducible.
 kernel writes (``tempo.runtime.blocks``); the buffers grow by tiles, and a host op hands
 in the prompt's tokens at the first positions. Such a loop (no inner loop but under a
 guard, block kernels whose slices are their own outputs' earlier rows, host ops only
-under guards: ``_lowerable_in_spans``) is lowered in *spans*: stretches of iterations
-over which no host op or inner loop runs and every block kernel reads its buffers alike
+under guards but sinks: ``_lowerable_in_spans``) is lowered in *spans*: stretches of
+iterations over which no host op (but a sink) or inner loop runs and every block kernel
+reads its buffers alike
 (whole, or runs of rows of one length) without their growing. Each span is one scan that
 carries the buffers and writes each iteration's rows in place (the kernel's body is the
 one its launcher compiles, ``JaxBackend.block_body``); the rest is interpreted, one
@@ -54,8 +55,12 @@ scan of the next one, as it will likely be (the buffers a tile longer), compiles
 background thread. A span reads whole buffers where the launcher would read only their
 first rows (below ``blocks.WHOLE_BUFFER_SHARE``): the same values, summed over more
 masked zeros. ``timed`` does not apply to spans: they always run lowered, unless the mode
-is ``interpreted``.
-"""
+is ``interpreted``. Sinks (a progress bar, ``tp.stop_when``: ``deferrable_sink``) are
+called after each span, in order, with the values the scan wrote back, once the next
+span is on its way (or before anything else runs); a span then lasts at most
+``SINK_SPAN`` iterations, ending at multiples of it (a span's length is part of its
+program), so that they lag by two spans at most, and a stop (``tp.stop_when``) wastes two
+spans' work at most (the run's outputs end at the stop)."""
 
 from __future__ import annotations
 
@@ -86,6 +91,8 @@ WARM_ENTRIES = 1
 """Entries of each form ``timed`` runs before timing that form (they compile)."""
 TIMED_ENTRIES = 2
 """Entries of each form ``timed`` times; the fastest counts."""
+SINK_SPAN = 64
+"""The most iterations of a span whose loop has sinks (called after each span)."""
 
 
 @dataclass
@@ -266,8 +273,19 @@ def _lowerable_in_spans(loop: ast.Loop, statements: dict[str, Statement], graph:
                                                                  for op, _ in execs):
         return False
     return all(_block_kernel_op(op, graph, bounds) or op.definition.host and guard
+               or deferrable_sink(op, graph)
                or _device_op(op, graph, bounds) and not any(e.slices for e in graph.in_edges(op))
                for op, guard in execs)
+
+
+def deferrable_sink(op: Op, graph: SDG) -> bool:
+    """A host op without outputs (``tp.sink``, ``tp.stop_when``) reading points, each of a
+    value read nowhere through a slice (kept in a point store): in a loop lowered in
+    spans, its calls can wait for the end of a span, in order; nothing the loop computes
+    depends on them."""
+    return op.definition.host and not op.outputs and not point_op(op) and all(
+        not e.slices and not any(r.slices and r.src_out == e.src_out for r in graph.out_edges(e.src))
+        for e in graph.in_edges(op))
 
 
 def _block_kernel_op(op: Op, graph: SDG, bounds: dict[Symbol, int]) -> bool:
@@ -303,12 +321,16 @@ class LoopLauncher:
                  bounds: dict[Symbol, int], backend: JaxBackend, policy: LoopPolicy, choice: LoopChoice):
         loop, outer = lowerable.loop, lowerable.outer
         self.bounds, self.backend, self.policy, self.choice = bounds, backend, policy, choice
-        self.planner = LoopPlanner(loop, outer, statements, graph, bounds, backend)
+        deferred = _sinks(loop, statements, graph) if lowerable.spans else frozenset()
+        self.planner = LoopPlanner(loop, outer, statements, graph, bounds, backend, deferred)
         self.execs = self.planner.execs
         self.interpret = _interpreter(lowerable.interpreted, [v.name for v in outer])
         self.spans = _span_interpreter(lowerable.interpreted, [v.name for v in outer]) \
             if lowerable.spans else None
         """A loop lowered in spans: its body interpreted at given counter values."""
+        self.sinks = _span_interpreter(_only(loop, deferred), [v.name for v in outer]) if deferred else None
+        """A loop lowered in spans with sinks: its sinks at given counter values (after a
+        span)."""
         self.elsewhere = [compile_vectorized(guard, [*outer, loop.var]) for guard in lowerable.elsewhere]
         """Per inner loop a loop lowered in spans leaves out, its guard, for NumPy arrays."""
         self._row_bytes: list[int] | None = None
@@ -433,10 +455,23 @@ class LoopLauncher:
                      for name, st, iterations, coords in self.planner.instances(outer, space)}
         apart = self._apart(outer, space, instances)
         frees: dict[tuple[int, int], dict[int, int]] = {}  # per ring, its points' frees (when needed)
-        n = 0
+        try:
+            self._spans_of_entry(outer, space, values, instances, apart, frees)
+        finally:
+            self.compiling.clear()  # predictions no span took (their programs are dropped when done)
+
+    def _spans_of_entry(self, outer: tuple[int, ...], space: nest.Space, values: list[int],
+                        instances: dict, apart: np.ndarray, frees: dict) -> None:
+        """The entry's iterations, each interpreted or in a span (``_span_at``). A span's
+        sinks are called once the next span is on its way (the device is not left idle
+        while they wait for the span's values), or before anything else runs."""
+        choice = self.choice
+        n, waiting = 0, None  # (the iterations of the span whose sinks wait)
         while n < space.trips:
             span = None if apart[n] else self._span_at(n, space.trips, apart, instances, frees)
             if not isinstance(span, _Span):
+                self._call_sinks(waiting, outer, values, instances)
+                waiting = None
                 stop = n + 1 if span is None else span
                 while stop < space.trips and apart[stop] and apart[n]:
                     stop += 1
@@ -449,21 +484,41 @@ class LoopLauncher:
                 self._run_lowered(self.planner.plan(outer, space.span(n, span.stop)), span)
             except Unlowerable as why:  # the rest, and the later entries, interpreted
                 choice.fallbacks.append(str(why))
+                self._call_sinks(waiting, outer, values, instances)
                 self.spans(self.namespace, values[n:], *outer)
                 choice.interpreted_iterations += space.trips - n
-                break
+                return
             self.span_seconds += time.perf_counter() - begin
             choice.iterations_in_scans += span.stop - n
             choice.scans += 1
+            self._call_sinks(waiting, outer, values, instances)
+            waiting = (n, span.stop) if self.sinks is not None else None
             n = span.stop
-        self.compiling.clear()  # predictions no span took (their programs are dropped when done)
+        self._call_sinks(waiting, outer, values, instances)
+
+    def _call_sinks(self, span: tuple[int, int] | None, outer: tuple[int, ...], values: list[int],
+                    instances: dict) -> None:
+        """The sinks of the iterations ``span`` (``start, stop``) of a span, in order, then
+        the frees of the points they read (the scan left those to them)."""
+        if span is None:
+            return
+        start, stop = span
+        self.sinks(self.namespace, values[start:stop], *outer)
+        kept = self.planner.deferred_keys
+        for st, iterations, coords in instances.values():
+            outputs = tuple(k for k in st.freed if (st.op.id, k) in kept) if st.kind == "free" else ()
+            if outputs:
+                mask = (iterations >= start) & (iterations < stop)
+                if mask.any():
+                    self._free(st.op, outputs, tuples(tuple(c[mask] for c in coords), int(mask.sum())))
 
     def _apart(self, outer: tuple[int, ...], space: nest.Space, instances: dict) -> np.ndarray:
         """Per iteration of an entry, whether it is interpreted whatever the buffers: a
         host op or an inner loop runs there."""
         apart = np.zeros(space.trips, bool)
-        for st, iterations, _ in instances.values():
-            if st.kind == "exec" and st.op.definition.host and not point_op(st.op):
+        for name, (st, iterations, _) in instances.items():
+            if st.kind == "exec" and st.op.definition.host and not point_op(st.op) \
+                    and name not in self.planner.deferred:
                 apart[iterations] = True
         counters = [space.counters[v] for v in self.planner.nest.vars]
         for guard in self.elsewhere:
@@ -480,6 +535,9 @@ class LoopLauncher:
         (``_kernel_part``); one shorter than ``MIN_SPAN`` iterations is interpreted."""
         stop = n + int(np.argmax(apart[n:])) if apart[n:].any() else trips
         most = self._most_stacked(n, stop, instances)
+        if self.sinks is not None:
+            most = min(most, SINK_SPAN)
+            stop = min(stop, (n // SINK_SPAN + 1) * SINK_SPAN)
         stop = min(stop, n + most)
         parts = []
         for pos, layout in self.planner.buffered.items():
@@ -925,6 +983,19 @@ def _frees_of(op_id: int, k: int, instances: dict) -> dict[int, int]:
         if st.kind == "free" and st.op.id == op_id and k in st.freed:
             freed.update(zip(coords[-1].tolist(), iterations.tolist()))
     return freed
+
+
+def _sinks(loop: ast.Loop, statements: dict[str, Statement], graph: SDG) -> frozenset[str]:
+    """The statements of the sinks a loop lowered in spans calls after each span."""
+    return frozenset(s.name for s in ast.statements(loop) if statements[s.name].kind == "exec"
+                     and deferrable_sink(statements[s.name].op, graph))
+
+
+def _only(loop: ast.Loop, names: frozenset[str]) -> ast.Loop:
+    """``loop`` (without inner loops) with only the statements ``names``, under their guards."""
+    body = tuple(_under(node, guard) for node, guard in ast.guarded_items(loop.body)
+                 if isinstance(node, ast.Stmt) and node.name in names)
+    return ast.Loop(loop.var, loop.start, loop.cond, loop.step, ast.Seq(body))
 
 
 def _span_interpreter(loop: ast.Loop, outer: list[str]) -> Callable[..., None]:

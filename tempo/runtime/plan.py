@@ -222,8 +222,16 @@ class LoopPlanner:
     training iterations are such translates."""
 
     def __init__(self, loop: ast.Loop, outer: tuple[Symbol, ...], statements: dict[str, Statement],
-                 graph: SDG, bounds: dict[Symbol, int], backend: Backend):
+                 graph: SDG, bounds: dict[Symbol, int], backend: Backend,
+                 deferred: frozenset[str] = frozenset()):
         self.bounds, self.backend = bounds, backend
+        self.deferred = deferred
+        """Sinks the launcher calls after the scan (a loop lowered in spans): not in the
+        scan, which writes back every point they read (``deferred_keys``)."""
+        self.deferred_keys = {(e.src.id, e.src_out) for name in deferred
+                              for e in graph.in_edges(statements[name].op)}
+        """The outputs the deferred sinks read: the scan frees none of their points (the
+        launcher does, after the sinks)."""
         self.stores: dict = {}
         self.batched: dict[str, Callable] = {}
         self.blocks: set[tuple[int, int]] = set()
@@ -247,12 +255,11 @@ class LoopPlanner:
                 self.indices.append((place, compile_vectorized(s.index, counters),
                                      compile_vectorized(guard, counters) if guard else None))
             self.items.append((s.name, statements[s.name], groups[key]))
-        self.execs = [(st.op, graph.in_edges(st.op)) for _, st, _ in self.items
-                      if st.kind == "exec" and not point_op(st.op)]
-        """The body's ops the scan runs, in order, with their input edges."""
-        self.exec_items = [n for n, (_, st, _) in enumerate(self.items)
-                           if st.kind == "exec" and not point_op(st.op)]
+        self.exec_items = [n for n, (name, st, _) in enumerate(self.items)
+                           if st.kind == "exec" and not point_op(st.op) and name not in deferred]
         """Per exec, its statement's position among the items."""
+        self.execs = [(self.items[n][1].op, graph.in_edges(self.items[n][1].op)) for n in self.exec_items]
+        """The body's ops the scan runs, in order, with their input edges."""
         self.positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
         self.frees = [n for n, (_, st, _) in enumerate(self.items) if st.kind == "free"]
         self.phis = {op.id: [None if e.slices else compile_vectorized(e.phi, op.domain, bounds)
@@ -549,7 +556,8 @@ class LoopPlanner:
             found = made[st.op.id][2].find(coords, count) if st.op.id in made else np.full(count, -1)
             if (found >= 0).any():
                 for k in st.freed:
-                    freed[st.op.id, k][found[found >= 0]] = True
+                    if (st.op.id, k) not in self.deferred_keys:
+                        freed[st.op.id, k][found[found >= 0]] = True
             outside[n] = found < 0
         points = {key: Made(runs[pos][0].tolist(), runs[pos][1], freed[key].tolist())
                   for key, pos in keys.items()}
@@ -558,10 +566,14 @@ class LoopPlanner:
     def _later(self, instances: Instances, outside: dict[int, np.ndarray]
                ) -> list[tuple[Op, tuple[int, ...], list[tuple]]]:
         """The frees of points made before the loop, done after it: per free, its op,
-        outputs and points."""
-        return [(self.items[n][1].op, self.items[n][1].freed,
-                 tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum())))
-                for n, mask in outside.items() if mask.any()]
+        outputs and points (not those of ``deferred_keys``: the launcher frees them)."""
+        later = []
+        for n, mask in outside.items():
+            op = self.items[n][1].op
+            freed = tuple(k for k in self.items[n][1].freed if (op.id, k) not in self.deferred_keys)
+            if mask.any() and freed:
+                later.append((op, freed, tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum()))))
+        return later
 
     # ---- a template's plan -----------------------------------------------------------------
     def _reuse(self, template: _Template, groups: Instances, instances: Instances,

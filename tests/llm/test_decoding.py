@@ -280,6 +280,28 @@ def test_decoding_stops_once_every_sequence_has_ended(llama):
     assert out.logits.shape[1] == first
 
 
+def test_eos_on_jax_runs_in_scans_and_stops_where_the_sequence_ends(llama):
+    """An EOS that first comes late: on JAX the positions before it run as scans (the
+    check that every sequence has ended, and the progress bar, are sinks called after
+    each scan), and decoding stops right after it, as transformers' tokens say."""
+    from tempo.runtime.lowering import SINK_SPAN
+    model, path = llama
+    ids = _ids(1, 4, seed=25)  # (a generation whose 77th token is a new one; the model is tiny)
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor(ids), max_new_tokens=120, do_sample=False, pad_token_id=0,
+                                eos_token_id=None).numpy()[0, 4:]
+    late = [p for p in range(110, 20, -1) if theirs[p] not in theirs[:p]]
+    assert late, "no token of this generation comes first after its 20th"
+    eos, first = int(theirs[late[0]]), late[0] + 1
+    lm = tempo_llm.load(path, backend="jax")
+    out = lm.generate(ids, 120, eos_token_id=eos, progress=True)
+    assert out.lengths.tolist() == [first] and out.tokens.shape == (1, 4 + first)
+    np.testing.assert_array_equal(out.tokens[0, 4:], theirs[:first])
+    exe = lm._program(lm._request(ids, 120, eos_token_id=eos, progress=True))[0]
+    (spans,) = [c for c in exe.loop_choices.values() if c.form == "spans"]
+    assert spans.scans >= 1 and spans.iterations_in_scans >= min(first, SINK_SPAN) - 4
+
+
 def test_buffers_grown_at_one_position_hand_their_memory_back_once(llama, monkeypatch):
     """Tiles of 4 rows: the causal keys' and values' device buffers (2 layers: 4 of them)
     grow together at every 4th position; the freed memory goes back to the system once

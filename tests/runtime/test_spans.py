@@ -110,33 +110,91 @@ def test_the_next_tiles_scan_compiles_while_a_span_runs(monkeypatch):
     assert not launcher.compiling and len(launcher.traced) == 5
 
 
+def _doubled_on_the_host(s, **when):
+    """``s`` doubled by a host UDF (a host op with an output: the loop needs the host at
+    its points)."""
+    (doubled,) = tp.udf(lambda value: value * 2, [s], outputs=[(tuple(s.shape), "float32")],
+                        name="double", **when)
+    return doubled
+
+
 def test_a_loop_with_a_host_op_at_every_point_is_not_lowered():
-    """A sink at every point needs the host at every iteration, unguarded: the loop is
-    not lowered at all."""
+    """A host UDF with an output at every point, unguarded: the loop is not lowered."""
     ctx, bounds, s = _attention(40)
-    seen = []
     with ctx:
-        tp.sink(s, lambda value, point: seen.append(point["t"]))
-        exe = ctx.compile(bounds, [s], backend="jax", tile=16)
-        exe.run()
-    assert seen == list(range(40))
+        doubled = _doubled_on_the_host(s)
+        exe = ctx.compile(bounds, [doubled], backend="jax", tile=16)
+        got = exe.run()[doubled]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [doubled])[doubled.key], rtol=1e-5, atol=1e-5)
     assert not any(c.form == "spans" for c in exe.loop_choices.values())
 
 
 def test_a_host_op_at_every_other_point_leaves_no_span():
-    """A sink guarded to the even points: the loop is lowered in spans, but no stretch
+    """A host UDF guarded to the even points: the loop is lowered in spans, but no stretch
     without it is long enough for a scan; the values are the reference's."""
     ctx, bounds, s = _attention(40)
-    seen = []
     (t,) = ctx.dims
     with ctx:
-        tp.sink(s, lambda value, point: seen.append(point["t"]), when=t % 2 == 0)
+        doubled = _doubled_on_the_host(s, when=t % 2 == 0)
         exe = ctx.compile(bounds, [s], backend="jax", tile=16)
         got = exe.run()[s]
-    assert seen == list(range(0, 40, 2))
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
     choice = _spans(exe)
     assert (choice.iterations_in_scans, choice.interpreted_iterations) == (0, 40)
+    del doubled
+
+
+def test_sinks_are_called_after_each_span_in_order():
+    """A sink at every point does not keep the loop from its spans: it is called after
+    each span (of at most ``SINK_SPAN`` iterations) with the values the scan made, at every
+    point in order, as the interpreted loop calls it."""
+    from tempo.runtime.lowering import SINK_SPAN
+    length = 3 * SINK_SPAN + 10
+    seen, live = {}, {}
+    for mode in ("interpreted", "lowered"):
+        ctx, bounds, s = _attention(length)
+        expected = evaluate(ctx, bounds, [s])[s.key]  # (before the sink: the evaluator calls sinks too)
+        calls = seen[mode] = []
+        with ctx:
+            tp.sink(s, lambda value, point, calls=calls: calls.append((point["t"], np.array(value))))
+            exe = ctx.compile(bounds, [s], backend="jax", tile=16, loops=tp.LoopPolicy(mode=mode))
+            got = exe.run()[s]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        live[mode] = exe.stats.live
+    assert [t for t, _ in seen["lowered"]] == list(range(length))
+    for (_, ours), (_, theirs) in zip(seen["lowered"], seen["interpreted"]):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    choice = _spans(exe)
+    assert choice.scans >= 3 and choice.iterations_in_scans >= 3 * (SINK_SPAN - 16)
+    assert live["lowered"] == live["interpreted"]  # the points the sink read, freed after it
+
+
+def test_stop_when_in_spans_stops_where_the_interpreted_loop_stops():
+    """``tp.stop_when`` on a value the scans make: the run stops at the first point where
+    it holds, as the interpreted loop does; later points' sinks are not called and the
+    outputs end there, although the scans ran past it."""
+    from tempo.runtime.lowering import SINK_SPAN
+    length, stop = 4 * SINK_SPAN, SINK_SPAN + 20
+    results = {}
+    for mode in ("interpreted", "lowered"):
+        ctx, bounds, s = _attention(length, seed=3)
+        (t,) = ctx.dims
+        expected = evaluate(ctx, bounds, [s])[s.key]
+        floor = float(expected.sum(axis=(1, 2)).min()) - 1.0  # (a condition the scans compute)
+        calls = []
+        with ctx:
+            tp.stop_when((s.sum() > floor) & (tp.symbol_value(t) >= stop))
+            tp.sink(s, lambda value, point, calls=calls: calls.append(point["t"]))
+            exe = ctx.compile(bounds, [s], backend="jax", tile=16, loops=tp.LoopPolicy(mode=mode))
+            out = exe.run()
+        results[mode] = (out.stopped_at, out[s], calls)
+    stopped, got, calls = results["lowered"]
+    assert stopped == results["interpreted"][0] == {"t": stop}
+    assert calls == results["interpreted"][2] and calls[:stop] == list(range(stop)) and max(calls) <= stop
+    np.testing.assert_allclose(got, expected[:stop + 1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(results["interpreted"][1], expected[:stop + 1], rtol=1e-5, atol=1e-5)
+    choice = _spans(exe)
+    assert choice.scans >= 2 and choice.iterations_in_scans > stop - 16  # (the scans ran past it)
 
 
 def test_spans_are_not_made_where_the_policy_interprets():
