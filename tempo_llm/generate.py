@@ -149,7 +149,7 @@ class LanguageModel:
         B, P, eos, sampling = request.batch, request.prompt, request.eos, request.sampling
         decoder = Decoder(self.cfg, self.weights)
         feed: dict[str, Any] = {}
-        ctx = tp.Context(dims=("t",))
+        ctx = tp.Context(dims=("t",), seed=sampling.seed)  # (the draws' seed)
         (t,), (T,) = ctx.dims, ctx.bounds
         with ctx:
             tokens = tp.placeholder(shape=(B,), dtype="int32", domain=(t,))
@@ -158,18 +158,9 @@ class LanguageModel:
             tokens[t < P] = prompt
             logits = decoder.logits(tokens, t, request.attention)
 
-            if sampling.greedy:  # on the device: no position waits for the host
-                chosen = logits.argmax(-1).astype("int32")
-                if eos is not None:  # a generated EOS repeats
-                    chosen = tp.where((tokens == eos) & (tp.symbol_value(t) >= P), eos, chosen)
-            else:
-                def choose(point: dict[str, int], scores: np.ndarray, current: np.ndarray) -> np.ndarray:
-                    chosen = sampling.choose(scores, point["t"])
-                    if eos is not None and point["t"] >= P:  # a generated EOS repeats
-                        chosen = np.where(current == eos, eos, chosen)
-                    return chosen
-                (chosen,) = tp.udf(choose, [logits, tokens], outputs=[((B,), "int32")], name="sample",
-                                   pass_point=True)
+            chosen = sampling.choose(logits, t)  # on the device: no position waits for the host
+            if eos is not None:  # a generated EOS repeats
+                chosen = tp.where((tokens == eos) & (tp.symbol_value(t) >= P), eos, chosen)
             if request.new:
                 tokens[t >= P] = chosen[t - 1]
             if request.new and eos is not None:  # every sequence has ended: stop decoding

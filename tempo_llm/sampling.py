@@ -1,14 +1,17 @@
 """Choosing the next token from logits: greedy, or sampled with temperature, top-k and
-top-p (nucleus) filtering, from a generator seeded by ``(seed, position)`` so that a
-generation is reproducible whatever order positions run in. ``tempo_llm.generate`` takes a
-greedy choice on the device (the argmax as RT ops) and runs ``Sampling.choose`` on the
-host for draws."""
+top-p (nucleus) filtering, as recurrent-tensor ops (``Sampling.choose``): the choice runs
+on the device with the rest of a position, so sampled decoding runs in scans as greedy
+decoding does, and its draws (``tp.uniform``, keyed by the context's seed and the
+position) are the same whatever order the positions run in, and on either backend."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+import tempo as tp
+from tempo.symbolic.expr import Symbol, as_expr
 
 
 @dataclass(frozen=True)
@@ -35,31 +38,32 @@ class Sampling:
         """Whether the choice is the most likely token (no draw)."""
         return self.temperature == 0
 
-    def choose(self, logits: np.ndarray, position: int) -> np.ndarray:
-        """One token per row of ``logits`` (``(B, vocab)``), as int32."""
+    def choose(self, logits: tp.RecurrentTensor, t: Symbol) -> tp.RecurrentTensor:
+        """One token per row of ``logits`` (``(B, vocab)`` at each ``t``), as int32: the
+        most likely, or a draw by the inverse of the filtered softmax's cumulative sum at
+        a uniform point per row (fresh at every ``t``; the context's seed must be
+        ``seed``)."""
         if self.greedy:
-            return logits.argmax(-1).astype(np.int32)
-        scaled = logits.astype(np.float64) / self.temperature
-        if self.top_k is not None and self.top_k < scaled.shape[-1]:
-            kth = np.sort(scaled, axis=-1)[:, -self.top_k][:, None]
-            scaled = np.where(scaled < kth, -np.inf, scaled)
-        probs = np.exp(scaled - scaled.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
+            return logits.argmax(-1).astype("int32")
+        batch, vocab = (int(as_expr(d).value) for d in logits.shape)
+        scaled = logits / float(self.temperature)
+        if self.top_k is not None and self.top_k < vocab:
+            ranked = scaled.gather((-scaled).argsort(-1), -1)  # descending
+            scaled = tp.where(scaled < ranked[t, :, self.top_k - 1:self.top_k], -np.inf, scaled)
+        probs = scaled.softmax(-1)
         if self.top_p is not None and self.top_p < 1:
-            probs = _nucleus(probs, self.top_p)
-        rng = np.random.default_rng([self.seed, position])
-        draws = rng.random(len(probs))[:, None]
+            probs = _nucleus(probs, self.top_p, t)
         cumulative = probs.cumsum(-1)
-        chosen = (cumulative < draws * cumulative[:, -1:]).sum(-1)
-        return np.minimum(chosen, probs.shape[-1] - 1).astype(np.int32)
+        u = tp.uniform((batch, 1)) * cumulative[t, :, vocab - 1:vocab]
+        chosen = (cumulative < u).astype("int32").sum(-1)
+        return tp.min(chosen, vocab - 1)
 
 
-def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+def _nucleus(probs: tp.RecurrentTensor, top_p: float, t: Symbol) -> tp.RecurrentTensor:
     """``probs`` with all but the most likely tokens whose mass first reaches ``top_p``
     zeroed (the most likely token always stays)."""
-    order = np.argsort(-probs, axis=-1, kind="stable")
-    ranked = np.take_along_axis(probs, order, -1)
-    keep_ranked = ranked.cumsum(-1) - ranked < top_p
-    keep = np.zeros_like(keep_ranked)
-    np.put_along_axis(keep, order, keep_ranked, -1)
-    return np.where(keep, probs, 0.0)
+    order = (-probs).argsort(-1)
+    ranked = probs.gather(order, -1)
+    keep_ranked = (ranked.cumsum(-1) - ranked < top_p).astype("float32")
+    keep = keep_ranked.gather(order.argsort(-1), -1)  # back in vocabulary order
+    return probs * keep

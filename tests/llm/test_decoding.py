@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+import tempo as tp
 import tempo_llm
 from tempo_llm import random_checkpoint
 from tempo_llm.sampling import Sampling
@@ -168,14 +169,43 @@ def test_sampling_is_reproducible_and_filters_as_asked(llama):
     np.testing.assert_array_equal(lm.generate(ids, 8, temperature=0.7, top_p=1e-6, seed=3).tokens, greedy)
 
 
+def _draws(sampling: Sampling, logits: np.ndarray, n: int, backend: str = "numpy") -> np.ndarray:
+    """``sampling``'s choice from the same ``logits`` (``(B, vocab)``) at ``n`` positions."""
+    ctx = tp.Context(dims=("t",), seed=sampling.seed)
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        rows = tp.const(np.repeat(logits[None], n, 0).astype(np.float32))[t]
+        chosen = sampling.choose(rows, t)
+        return ctx.compile({T: n}, [chosen], backend=backend).run()[chosen]
+
+
 def test_sampling_draws_follow_the_softmax():
+    """Frequencies of 20,000 draws against the softmax, and against it restricted to the
+    two most likely tokens (top-k 2, and top-p 0.7: 0.5 + 0.25 first reaches it)."""
     logits = np.log(np.array([[0.5, 0.25, 0.125, 0.125]]))
-    draws = np.array([Sampling(temperature=1.0).choose(logits, k)[0] for k in range(20000)])
+    draws = _draws(Sampling(temperature=1.0), logits, 20000)[:, 0]
     np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), [0.5, 0.25, 0.125, 0.125],
                                atol=0.015)
-    nucleus = np.array([Sampling(temperature=1.0, top_p=0.7).choose(logits, k)[0] for k in range(4000)])
-    np.testing.assert_allclose(np.bincount(nucleus, minlength=4) / len(nucleus), [2 / 3, 1 / 3, 0, 0],
-                               atol=0.03)
+    for filtered in (Sampling(temperature=1.0, top_p=0.7, seed=1),
+                     Sampling(temperature=1.0, top_k=2, seed=2)):
+        draws = _draws(filtered, logits, 4000)[:, 0]
+        np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), [2 / 3, 1 / 3, 0, 0],
+                                   atol=0.03)
+    hot = _draws(Sampling(temperature=4.0, seed=3), logits, 20000)[:, 0]  # p ** (1/4), normalized
+    expected = np.array([0.5, 0.25, 0.125, 0.125]) ** 0.25
+    np.testing.assert_allclose(np.bincount(hot, minlength=4) / len(hot), expected / expected.sum(),
+                               atol=0.015)
+
+
+def test_sampling_draws_the_same_tokens_on_both_backends():
+    """The draws are keyed by the seed and the position: NumPy and JAX draw the same tokens
+    (but where a draw lands within float32 rounding of a boundary of the cumulative sum)."""
+    jax = pytest.importorskip("jax")
+    del jax
+    logits = np.random.default_rng(0).normal(size=(3, 50)) * 2
+    sampling = Sampling(temperature=0.8, top_k=20, top_p=0.9, seed=5)
+    ours, theirs = _draws(sampling, logits, 2000), _draws(sampling, logits, 2000, backend="jax")
+    assert (ours == theirs).mean() > 0.999
 
 
 def test_the_random_checkpoint_tool_writes_what_transformers_loads(tmp_path):
