@@ -56,14 +56,16 @@ background thread. A span reads whole buffers where the launcher would read only
 first rows (below ``blocks.WHOLE_BUFFER_SHARE``): the same values, summed over more
 masked zeros. ``timed`` does not apply to spans: they always run lowered, unless the mode
 is ``interpreted``. Sinks (a progress bar, ``tp.stop_when``: ``deferrable_sink``) are
-called after each span, in order, with the values the scan wrote back, once the next
-span is on its way (or before anything else runs); a span then lasts at most
-``SINK_SPAN`` iterations, ending at multiples of it (a span's length is part of its
-program), so that they lag by two spans at most, and a stop (``tp.stop_when``) wastes two
+called after each span, in order, with host copies of the values the scan wrote back,
+once the next span is on its way (or before anything else runs). A span where a sink
+runs lasts at most ``SINK_SPAN`` iterations (or the largest power of two below it that
+``max_stacked_mb`` allows), ending at multiples of it (a span's length is part of its
+program), so that sinks lag by two spans at most, and a stop (``tp.stop_when``) wastes two
 spans' work at most (the run's outputs end at the stop)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -262,8 +264,9 @@ def _under(node: ast.Node, guard: tuple[Expr, ...]) -> ast.Node:
 def _lowerable_in_spans(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,
                         bounds: dict[Symbol, int]) -> bool:
     """A ``range`` loop without inner loops whose statements are those of a lowerable
-    loop (``_lowerable``), block kernels (``_block_kernel_op``: one at least), and host
-    ops that run at some iterations only (guarded: a decoder's prompt)."""
+    loop (``_lowerable``), block kernels (``_block_kernel_op``: one at least), host ops
+    that run at some iterations only (guarded: a decoder's prompt), and sinks anywhere
+    (``deferrable_sink``: called after each span)."""
     if not nest.is_nest(loop) or nest.depth(loop) > 1:
         return False
     items = nest.levels_and_items(nest.unpeeled(loop))[1]
@@ -283,7 +286,7 @@ def deferrable_sink(op: Op, graph: SDG) -> bool:
     value read nowhere through a slice (kept in a point store): in a loop lowered in
     spans, its calls can wait for the end of a span, in order; nothing the loop computes
     depends on them."""
-    return op.definition.host and not op.outputs and not point_op(op) and all(
+    return op.definition.host and not op.outputs and all(
         not e.slices and not any(r.slices and r.src_out == e.src_out for r in graph.out_edges(e.src))
         for e in graph.in_edges(op))
 
@@ -466,9 +469,14 @@ class LoopLauncher:
         sinks are called once the next span is on its way (the device is not left idle
         while they wait for the span's values), or before anything else runs."""
         choice = self.choice
-        n, waiting = 0, None  # (the iterations of the span whose sinks wait)
+        sinks_at = None
+        if self.sinks is not None:
+            sinks_at = np.zeros(space.trips, bool)
+            for name in self.planner.deferred:
+                sinks_at[instances[name][1]] = True
+        n, waiting = 0, None  # (the span whose sinks wait: its iterations and values)
         while n < space.trips:
-            span = None if apart[n] else self._span_at(n, space.trips, apart, instances, frees)
+            span = None if apart[n] else self._span_at(n, space.trips, apart, sinks_at, instances, frees)
             if not isinstance(span, _Span):
                 self._call_sinks(waiting, outer, values, instances)
                 waiting = None
@@ -481,7 +489,7 @@ class LoopLauncher:
                 continue
             begin = time.perf_counter()
             try:
-                self._run_lowered(self.planner.plan(outer, space.span(n, span.stop)), span)
+                read = self._run_lowered(self.planner.plan(outer, space.span(n, span.stop)), span)
             except Unlowerable as why:  # the rest, and the later entries, interpreted
                 choice.fallbacks.append(str(why))
                 self._call_sinks(waiting, outer, values, instances)
@@ -492,18 +500,23 @@ class LoopLauncher:
             choice.iterations_in_scans += span.stop - n
             choice.scans += 1
             self._call_sinks(waiting, outer, values, instances)
-            waiting = (n, span.stop) if self.sinks is not None else None
+            waiting = (n, span.stop, read) if self.sinks is not None else None
             n = span.stop
         self._call_sinks(waiting, outer, values, instances)
 
-    def _call_sinks(self, span: tuple[int, int] | None, outer: tuple[int, ...], values: list[int],
+    def _call_sinks(self, span: tuple[int, int, list] | None, outer: tuple[int, ...], values: list[int],
                     instances: dict) -> None:
-        """The sinks of the iterations ``span`` (``start, stop``) of a span, in order, then
-        the frees of the points they read (the scan left those to them)."""
+        """The sinks of the iterations ``start .. stop - 1`` of a span (``span``: those and
+        the stacked values of the span the sinks read), in order, then the frees of the
+        points they read (the scan left those to them). The sinks read the values' host
+        copies: a slice on the device would wait for the scan dispatched since."""
         if span is None:
             return
-        start, stop = span
-        self.sinks(self.namespace, values[start:stop], *outer)
+        start, stop, read = span
+        with contextlib.ExitStack() as on_host:
+            for store, stacked in read:
+                on_host.enter_context(store.rows_on_host(stacked, self.backend.to_host(stacked)))
+            self.sinks(self.namespace, values[start:stop], *outer)
         kept = self.planner.deferred_keys
         for st, iterations, coords in instances.values():
             outputs = tuple(k for k in st.freed if (st.op.id, k) in kept) if st.kind == "free" else ()
@@ -514,7 +527,7 @@ class LoopLauncher:
 
     def _apart(self, outer: tuple[int, ...], space: nest.Space, instances: dict) -> np.ndarray:
         """Per iteration of an entry, whether it is interpreted whatever the buffers: a
-        host op or an inner loop runs there."""
+        host op (but a sink, called after its span) or an inner loop runs there."""
         apart = np.zeros(space.trips, bool)
         for name, (st, iterations, _) in instances.items():
             if st.kind == "exec" and st.op.definition.host and not point_op(st.op) \
@@ -526,18 +539,24 @@ class LoopLauncher:
                                             for c in guard(*outer, *counters)])
         return apart
 
-    def _span_at(self, n: int, trips: int, apart: np.ndarray, instances: dict,
-                 frees: dict[tuple[int, int], dict[int, int]]) -> _Span | int:
+    def _span_at(self, n: int, trips: int, apart: np.ndarray, sinks_at: np.ndarray | None,
+                 instances: dict, frees: dict[tuple[int, int], dict[int, int]]) -> _Span | int:
         """The span from iteration ``n`` (the block kernels' buffers made or grown for
         it), or where the iterations to interpret from ``n`` end (after ``n``): a span
         lasts while no host op or inner loop runs (``apart``), its outputs stacked stay
         within ``max_stacked_mb``, and every block kernel can run there as one scan
-        (``_kernel_part``); one shorter than ``MIN_SPAN`` iterations is interpreted."""
+        (``_kernel_part``); one shorter than ``MIN_SPAN`` iterations is interpreted. Where
+        sinks run (``sinks_at``), a span also ends at the next multiple of its ``cap``
+        (``_sink_cap``), or of twice it where the first would leave it too short."""
         stop = n + int(np.argmax(apart[n:])) if apart[n:].any() else trips
         most = self._most_stacked(n, stop, instances)
-        if self.sinks is not None:
-            most = min(most, SINK_SPAN)
-            stop = min(stop, (n // SINK_SPAN + 1) * SINK_SPAN)
+        cap = None
+        if sinks_at is not None and sinks_at[n:min(stop, n + most)].any():
+            cap = _sink_cap(most)
+            end = (n // cap + 1) * cap
+            if end - n < MIN_SPAN and end + cap - n <= most:
+                end += cap
+            stop = min(stop, end)
         stop = min(stop, n + most)
         parts = []
         for pos, layout in self.planner.buffered.items():
@@ -550,7 +569,7 @@ class LoopLauncher:
             parts.append(part)
         if stop - n < MIN_SPAN:
             return max(stop, n + 1)
-        return _Span.of(parts, n, stop, trips, most)
+        return _Span.of(parts, n, stop, trips, most, cap)
 
     def _kernel_part(self, pos: int, layout: KernelBuffers, n: int, stop: int, instances: dict,
                      frees: dict[tuple[int, int], dict[int, int]]) -> _Part | int:
@@ -658,8 +677,10 @@ class LoopLauncher:
         for k in outputs:
             self.stores[(op.id, k)].free_many(points)
 
-    def _run_lowered(self, plan: Plan, span: _Span | None = None) -> None:
-        """Run one entry (or span) as its scan, and write back what it made."""
+    def _run_lowered(self, plan: Plan, span: _Span | None = None) -> list[tuple[Any, Any]]:
+        """Run one entry (or span) as its scan, and write back what it made. Returns the
+        stacked outputs the loop's sinks read, with their stores, their copy to the host
+        started (``_call_sinks``)."""
         stacked = self._stacked_bytes(plan) / 2**20
         if stacked > self.policy.max_stacked_mb:
             raise Unlowerable(f"its outputs stacked over the loop would hold {stacked:.0f} MiB, more than "
@@ -696,7 +717,12 @@ class LoopLauncher:
         for key in plan.finals:  # the one kept point, made at the last iteration
             self.stores[key].write(plan.made[key].kept[1][0], last[key])
         sparse = {key for key, _ in plan.sparse}
+        read = []
         for key, values in zip(plan.exported, outputs):
+            if key in self.planner.deferred_keys and self.backend.mesh is None \
+                    and hasattr(self.stores[key], "rows_on_host"):  # (split rows: sliced as before)
+                values.copy_to_host_async()
+                read.append((self.stores[key], values))
             made = plan.made[key]
             if key in self.planner.blocks:  # every row, then the frees: a block is released when
                 rows = list(range(len(made.rows))) if key in sparse else made.rows  # all its rows
@@ -707,6 +733,7 @@ class LoopLauncher:
                 self.stores[key].write_rows(points, values, made.kept_runs if key in sparse else rows)
         for op, freed, points in frees:
             self._free(op, freed, points)
+        return read
 
     def _jitted(self, plan: Plan, span: _Span | None) -> Callable:
         """The scan of ``plan`` (and ``span``), jitted; a span's buffers are donated."""
@@ -906,9 +933,12 @@ class _Span:
     """Iterations of the entry after the span."""
     most: int
     """The most iterations a span there may have (``LoopLauncher._most_stacked``)."""
+    cap: int | None = None
+    """Where sinks run: the multiple spans end at (``LoopLauncher._span_at``)."""
 
     @classmethod
-    def of(cls, parts: list[_Part], n: int, stop: int, trips: int, most: int) -> _Span:
+    def of(cls, parts: list[_Part], n: int, stop: int, trips: int, most: int,
+           cap: int | None = None) -> _Span:
         """The span of iterations ``n .. stop - 1`` of an entry of ``trips`` made of the
         block kernels' ``parts`` (each as long at least)."""
         count = stop - n
@@ -923,7 +953,7 @@ class _Span:
                 buffers.append(store.blocks[part.prefix])
                 rows.append(store.rows_of(part.prefix, part.ks[:count]).astype(np.int32))
         return cls(stop, kernels, targets, keys, tuple(buffers), tuple(rows), tuple(starts), trips - stop,
-                   most)
+                   most, cap)
 
     @property
     def signature(self) -> tuple:
@@ -937,11 +967,15 @@ class _Span:
 
     def grown(self) -> _Span | None:
         """The span after this one as it will likely be, where its growing buffers
-        (``BlockStore.step``) will be longer by then (None where none grows): its buffers
-        as ``BufferShape``s, the rows its kernels read whole longer with them, and as many
-        iterations as the buffers then hold rows to write (at most ``most``, and what the
-        entry has left)."""
-        lengths, shapes, trips = {}, [], min(self.remaining, self.most)
+        (``BlockStore.step``) will be longer by then, or where it will have another length
+        (None where neither: its program is this one's): its buffers as ``BufferShape``s,
+        the rows its kernels read whole longer with them, and as many iterations as the
+        buffers then hold rows to write (at most ``most``, up to the next multiple of
+        ``cap``, and what the entry has left)."""
+        trips = min(self.remaining, self.most)
+        if self.cap is not None:
+            trips = min(trips, self.cap - self.stop % self.cap)
+        lengths, shapes = {}, []
         for store, block, rows in zip(self.targets, self.buffers, self.rows):
             axis, length, first = store.rows_axis, block.shape[store.rows_axis], int(rows[-1]) + 1
             longer = length if isinstance(store, WindowStore) or store.step is None \
@@ -950,7 +984,8 @@ class _Span:
                 trips = min(trips, longer - first)
             lengths[id(store)] = (length, longer)
             shapes.append(BufferShape(rows_moved((longer, *store.shape), axis), block.dtype))
-        if all(length == longer for length, longer in lengths.values()) or trips < MIN_SPAN:
+        if all(length == longer for length, longer in lengths.values()) and trips == self.trips \
+                or trips < MIN_SPAN:
             return None
         kernels = {}
         for pos, kernel in self.kernels.items():
@@ -983,6 +1018,16 @@ def _frees_of(op_id: int, k: int, instances: dict) -> dict[int, int]:
         if st.kind == "free" and st.op.id == op_id and k in st.freed:
             freed.update(zip(coords[-1].tolist(), iterations.tolist()))
     return freed
+
+
+def _sink_cap(most: int) -> int:
+    """The length of the spans where sinks run: ``SINK_SPAN``, or the largest power of two
+    below it within ``most`` (the stacked-output bound), so that spans end at its
+    multiples and all have one length (one program)."""
+    cap = SINK_SPAN
+    while cap > max(most, 1):
+        cap //= 2
+    return cap
 
 
 def _sinks(loop: ast.Loop, statements: dict[str, Statement], graph: SDG) -> frozenset[str]:

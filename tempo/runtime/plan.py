@@ -227,11 +227,12 @@ class LoopPlanner:
         self.bounds, self.backend = bounds, backend
         self.deferred = deferred
         """Sinks the launcher calls after the scan (a loop lowered in spans): not in the
-        scan, which writes back every point they read (``deferred_keys``)."""
+        scan, which writes back every point of the outputs they read (``deferred_keys``)."""
         self.deferred_keys = {(e.src.id, e.src_out) for name in deferred
                               for e in graph.in_edges(statements[name].op)}
-        """The outputs the deferred sinks read: the scan frees none of their points (the
-        launcher does, after the sinks)."""
+        """The outputs the deferred sinks read: the scan frees none of their points, read
+        by a sink or not (the launcher frees them after the sinks of their span, which run
+        once the next span is on its way: up to two spans of them are kept)."""
         self.stores: dict = {}
         self.batched: dict[str, Callable] = {}
         self.blocks: set[tuple[int, int]] = set()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -93,10 +94,14 @@ class _Points(dict):
         super().__init__()
         self.rows: dict[tuple[int, ...], tuple[Any, int]] = {}
         self.take = take
+        self.on_host: dict[int, np.ndarray] = {}
+        """Host copies of stacked arrays (by ``id``) whose rows are taken from the copy
+        (``PointStore.rows_on_host``)."""
 
     def __missing__(self, point: tuple[int, ...]) -> Any:
         values, row = self.rows.pop(point)
-        value = self[point] = self.take(values, row)
+        host = self.on_host.get(id(values)) if self.on_host else None
+        value = self[point] = self.take(values, row) if host is None else host[row]
         return value
 
 
@@ -123,6 +128,18 @@ class PointStore:
     def holds(self, point: tuple[int, ...]) -> bool:
         """Whether ``point`` was written (and not freed)."""
         return point in self.data or bool(self.data.rows) and point in self.data.rows
+
+    @contextlib.contextmanager
+    def rows_on_host(self, stacked: Any, host: np.ndarray) -> Iterator[None]:
+        """Within the block, points written as rows of ``stacked`` (``write_rows``) and
+        read for the first time are taken from ``host``, its copy on the host, instead of
+        being sliced on the device (a slice dispatched now would wait for the work
+        dispatched since ``stacked`` was made: the next scan, for a loop's sinks)."""
+        self.data.on_host[id(stacked)] = host
+        try:
+            yield
+        finally:
+            del self.data.on_host[id(stacked)]
 
     def write(self, point: tuple[int, ...], value: Any) -> None:
         data, count = self.data, self.bytes

@@ -131,17 +131,21 @@ def test_a_loop_with_a_host_op_at_every_point_is_not_lowered():
 
 def test_a_host_op_at_every_other_point_leaves_no_span():
     """A host UDF guarded to the even points: the loop is lowered in spans, but no stretch
-    without it is long enough for a scan; the values are the reference's."""
+    without it is long enough for a scan; the values are the reference's, and the UDF ran
+    at the even points, in order."""
     ctx, bounds, s = _attention(40)
     (t,) = ctx.dims
+    expected = evaluate(ctx, bounds, [s])[s.key]  # (before the UDF: the evaluator runs it too)
+    seen = []
     with ctx:
-        doubled = _doubled_on_the_host(s, when=t % 2 == 0)
+        (_,) = tp.udf(lambda point, value: (seen.append(point["t"]), value * 2)[1], [s],
+                      outputs=[(tuple(s.shape), "float32")], name="double", pass_point=True, when=t % 2 == 0)
         exe = ctx.compile(bounds, [s], backend="jax", tile=16)
         got = exe.run()[s]
-    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert seen == list(range(0, 40, 2))
     choice = _spans(exe)
     assert (choice.iterations_in_scans, choice.interpreted_iterations) == (0, 40)
-    del doubled
 
 
 def test_sinks_are_called_after_each_span_in_order():
@@ -155,15 +159,16 @@ def test_sinks_are_called_after_each_span_in_order():
         ctx, bounds, s = _attention(length)
         expected = evaluate(ctx, bounds, [s])[s.key]  # (before the sink: the evaluator calls sinks too)
         calls = seen[mode] = []
-        with ctx:
-            tp.sink(s, lambda value, point, calls=calls: calls.append((point["t"], np.array(value))))
+        with ctx:  # (on a value read by nothing else: its points are freed after the sink)
+            tp.sink(s * 2.0, lambda value, point, calls=calls: calls.append((point["t"], np.array(value))))
             exe = ctx.compile(bounds, [s], backend="jax", tile=16, loops=tp.LoopPolicy(mode=mode))
             got = exe.run()[s]
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
         live[mode] = exe.stats.live
     assert [t for t, _ in seen["lowered"]] == list(range(length))
-    for (_, ours), (_, theirs) in zip(seen["lowered"], seen["interpreted"]):
+    for (_, ours), (_, theirs), want in zip(seen["lowered"], seen["interpreted"], expected):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ours, 2 * want, rtol=1e-5, atol=1e-5)
     choice = _spans(exe)
     assert choice.scans >= 3 and choice.iterations_in_scans >= 3 * (SINK_SPAN - 16)
     assert live["lowered"] == live["interpreted"]  # the points the sink read, freed after it
@@ -194,7 +199,34 @@ def test_stop_when_in_spans_stops_where_the_interpreted_loop_stops():
     np.testing.assert_allclose(got, expected[:stop + 1], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(results["interpreted"][1], expected[:stop + 1], rtol=1e-5, atol=1e-5)
     choice = _spans(exe)
-    assert choice.scans >= 2 and choice.iterations_in_scans > stop - 16  # (the scans ran past it)
+    assert choice.scans >= 2 and choice.iterations_in_scans > stop  # (the scans ran past it)
+
+
+def test_spans_with_sinks_keep_one_length_under_a_small_stacked_bound():
+    """Reads padded to one shape (no tiles: the buffer never grows) and a sink at every
+    point, with ``max_stacked_mb`` allowing 52 iterations: spans of 32 (the largest power
+    of two within it, so that they end at its multiples), no tail left to interpret
+    (spans of 52 would leave 12 of every 64); two scan programs (the first span is shorter),
+    and the values are the reference's."""
+    length = 256
+
+    def run(max_stacked_mb: float):
+        ctx, bounds, s = _attention(length)
+        expected = evaluate(ctx, bounds, [s])[s.key]
+        with ctx:
+            tp.sink(s * 2.0, lambda value, point: None)
+            exe = ctx.compile(bounds, [s], backend="jax", tile=None,
+                              loops=tp.LoopPolicy(max_stacked_mb=max_stacked_mb))
+            np.testing.assert_allclose(exe.run()[s], expected, rtol=1e-5, atol=1e-5)
+        return exe, [launch for launch in exe._launchers.values() if launch.spans is not None][0]
+    _, launcher = run(64.0)
+    row = max(launcher._row_bytes)
+    exe, launcher = run((52 * sum(launcher._row_bytes) + row // 2) / 2**20)
+    choice = _spans(exe)
+    # (the first iteration makes the buffer, interpreted; then 31 iterations to the first
+    # multiple of 32, and 7 spans of 32)
+    assert (choice.scans, choice.iterations_in_scans, choice.interpreted_iterations) == (8, 255, 1)
+    assert len(launcher.traced) == 2
 
 
 def test_spans_are_not_made_where_the_policy_interprets():
