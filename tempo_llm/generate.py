@@ -8,7 +8,7 @@ shape and options and cached.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from tqdm import tqdm
 import tempo as tp
 from tempo_llm.config import CheckpointFormatError, LlamaConfig
 from tempo_llm.model import Attention, Decoder
-from tempo_llm.sampling import Sampling
+from tempo_llm.sampling import Sampling, uniforms
 from tempo_llm.weights import load_weights
 
 
@@ -130,7 +130,7 @@ class LanguageModel:
         """Run ``request``'s program on ``ids``: the token chosen at every position
         (``(B, positions)``) and, when asked, the logits there."""
         exe, feed, outputs = self._program(request)
-        feed["ids"] = ids
+        feed["ids"], feed["seed"] = ids, request.sampling.seed
         feed["bar"] = tqdm(total=request.new, desc="decoding", unit="tok", disable=not request.progress)
         try:
             results = exe.run()
@@ -139,9 +139,11 @@ class LanguageModel:
         return {name: np.moveaxis(np.asarray(results[rt]), 0, 1) for name, rt in outputs.items()}
 
     def _program(self, request: _Request) -> tuple:
-        if request not in self._programs:
-            self._programs[request] = self._compile(request)
-        return self._programs[request]
+        """The compiled program of ``request``, shared by every seed (a run-time input)."""
+        key = replace(request, sampling=replace(request.sampling, seed=0))
+        if key not in self._programs:
+            self._programs[key] = self._compile(key)
+        return self._programs[key]
 
     def _compile(self, request: _Request) -> tuple:
         """The decoding program of ``request`` over positions ``0 .. P + new - 2``: the
@@ -149,7 +151,8 @@ class LanguageModel:
         B, P, eos, sampling = request.batch, request.prompt, request.eos, request.sampling
         decoder = Decoder(self.cfg, self.weights)
         feed: dict[str, Any] = {}
-        ctx = tp.Context(dims=("t",), seed=sampling.seed)  # (the draws' seed)
+        positions = P + max(request.new, 1) - 1
+        ctx = tp.Context(dims=("t",))
         (t,), (T,) = ctx.dims, ctx.bounds
         with ctx:
             tokens = tp.placeholder(shape=(B,), dtype="int32", domain=(t,))
@@ -158,7 +161,14 @@ class LanguageModel:
             tokens[t < P] = prompt
             logits = decoder.logits(tokens, t, request.attention)
 
-            chosen = sampling.choose(logits, t)  # on the device: no position waits for the host
+            uniform = None
+            if not sampling.greedy:  # every position's numbers, handed in with the prompt
+                (drawn,) = tp.udf(lambda point: uniforms(feed["seed"], positions, B),
+                                  outputs=[((positions, B, 1), "float32")], domain=(t,), name="uniforms",
+                                  pass_point=True, when=t < 1)
+                at = tp.symbol_value(t).astype("int32").reshape(1, 1, 1).expand(1, B, 1)
+                uniform = drawn[0].gather(at, 0).reshape(B, 1)
+            chosen = sampling.choose(logits, t, uniform)  # on the device: no position waits for the host
             if eos is not None:  # a generated EOS repeats
                 chosen = tp.where((tokens == eos) & (tp.symbol_value(t) >= P), eos, chosen)
             if request.new:
@@ -169,7 +179,7 @@ class LanguageModel:
             if request.progress:
                 tp.sink(chosen, lambda _, point: feed["bar"].update(1), name="progress", when=t >= P - 1)
         outputs = {"chosen": chosen, **({"logits": logits} if request.keep_logits else {})}
-        exe = ctx.compile({T: P + max(request.new, 1) - 1}, list(outputs.values()), backend=self.backend,
+        exe = ctx.compile({T: positions}, list(outputs.values()), backend=self.backend,
                           tile=self.tile)
         return exe, feed, outputs
 

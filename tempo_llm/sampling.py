@@ -1,8 +1,11 @@
 """Choosing the next token from logits: greedy, or sampled with temperature, top-k and
 top-p (nucleus) filtering, as recurrent-tensor ops (``Sampling.choose``): the choice runs
 on the device with the rest of a position, so sampled decoding runs in scans as greedy
-decoding does, and its draws (``tp.uniform``, keyed by the context's seed and the
-position) are the same whatever order the positions run in, and on either backend."""
+decoding does. A draw is the inverse of the filtered softmax's cumulative sum at a
+uniform number per sequence and position (``uniforms``: NumPy's generator seeded by
+``seed``, all drawn at once), the same on either backend and whatever order positions
+run in; ``tempo_llm.generate`` hands them in at run time, so another seed compiles
+nothing."""
 
 from __future__ import annotations
 
@@ -38,14 +41,14 @@ class Sampling:
         """Whether the choice is the most likely token (no draw)."""
         return self.temperature == 0
 
-    def choose(self, logits: tp.RecurrentTensor, t: Symbol) -> tp.RecurrentTensor:
+    def choose(self, logits: tp.RecurrentTensor, t: Symbol,
+               uniform: tp.RecurrentTensor | None = None) -> tp.RecurrentTensor:
         """One token per row of ``logits`` (``(B, vocab)`` at each ``t``), as int32: the
-        most likely, or a draw by the inverse of the filtered softmax's cumulative sum at
-        a uniform point per row (fresh at every ``t``; the context's seed must be
-        ``seed``)."""
+        most likely, or (not greedy) a draw by the inverse of the filtered softmax's
+        cumulative sum at ``uniform`` (``(B, 1)`` numbers in ``[0, 1)`` at each ``t``)."""
         if self.greedy:
             return logits.argmax(-1).astype("int32")
-        batch, vocab = (int(as_expr(d).value) for d in logits.shape)
+        vocab = int(as_expr(logits.shape[-1]).value)
         scaled = logits / float(self.temperature)
         if self.top_k is not None and self.top_k < vocab:
             ranked = scaled.gather((-scaled).argsort(-1), -1)  # descending
@@ -53,10 +56,17 @@ class Sampling:
         probs = scaled.softmax(-1)
         if self.top_p is not None and self.top_p < 1:
             probs = _nucleus(probs, self.top_p, t)
+        if uniform is None:
+            raise ValueError("a sampled choice needs its uniform numbers")
         cumulative = probs.cumsum(-1)
-        u = tp.uniform((batch, 1)) * cumulative[t, :, vocab - 1:vocab]
-        chosen = (cumulative < u).astype("int32").sum(-1)
+        chosen = (cumulative < uniform * cumulative[t, :, vocab - 1:vocab]).astype("int32").sum(-1)
         return tp.min(chosen, vocab - 1)
+
+
+def uniforms(seed: int, positions: int, batch: int) -> np.ndarray:
+    """The uniform numbers of a sampled generation, ``(positions, batch, 1)`` float32 in
+    ``[0, 1)``: position ``t``'s do not depend on ``positions``."""
+    return np.random.default_rng(seed).random((positions, batch, 1), dtype=np.float32)
 
 
 def _nucleus(probs: tp.RecurrentTensor, top_p: float, t: Symbol) -> tp.RecurrentTensor:

@@ -169,13 +169,32 @@ def test_sampling_is_reproducible_and_filters_as_asked(llama):
     np.testing.assert_array_equal(lm.generate(ids, 8, temperature=0.7, top_p=1e-6, seed=3).tokens, greedy)
 
 
+def test_sampled_decoding_runs_in_scans_and_compiles_once_for_every_seed(llama):
+    """Sampling on JAX: the positions run as scans, a seed is a run-time input (one program
+    for seeds 1 and 2), a seed's tokens are reproducible and the NumPy backend's."""
+    _, path = llama
+    lm = tempo_llm.load(path, backend="jax")
+    ids = _ids(2, 4, seed=7)
+    options = dict(temperature=1.0, top_k=20, top_p=0.95)
+    first = lm.generate(ids, 40, seed=1, **options)
+    other = lm.generate(ids, 40, seed=2, **options)
+    np.testing.assert_array_equal(lm.generate(ids, 40, seed=1, **options).tokens, first.tokens)
+    assert (first.tokens != other.tokens).any()
+    assert len(lm._programs) == 1
+    np.testing.assert_array_equal(tempo_llm.load(path).generate(ids, 40, seed=1, **options).tokens,
+                                  first.tokens)
+    exe = lm._program(lm._request(ids, 40, seed=2, **options))[0]
+    (spans,) = [c for c in exe.loop_choices.values() if c.form == "spans"]
+    assert spans.iterations_in_scans >= 32
+
+
 def _draws(sampling: Sampling, logits: np.ndarray, n: int, backend: str = "numpy") -> np.ndarray:
     """``sampling``'s choice from the same ``logits`` (``(B, vocab)``) at ``n`` positions."""
     ctx = tp.Context(dims=("t",), seed=sampling.seed)
     (t,), (T,) = ctx.dims, ctx.bounds
     with ctx:
         rows = tp.const(np.repeat(logits[None], n, 0).astype(np.float32))[t]
-        chosen = sampling.choose(rows, t)
+        chosen = sampling.choose(rows, t, tp.uniform((len(logits), 1)))
         return ctx.compile({T: n}, [chosen], backend=backend).run()[chosen]
 
 
