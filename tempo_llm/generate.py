@@ -8,6 +8,7 @@ shape and options and cached.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ class LanguageModel:
     """Rows per tile of the attention's growing key/value reads (``tempo.passes.tile``;
     None: the compiler's choice)."""
     _programs: dict[_Request, tuple] = field(default_factory=dict, repr=False)
+    _running: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """One generation at a time (threads calling ``generate`` wait their turn)."""
 
     def logits(self, ids: np.ndarray, attention: str | None = None,
                window: int | None = None) -> np.ndarray:
@@ -130,12 +133,13 @@ class LanguageModel:
         """Run ``request``'s program on ``ids``: the token chosen at every position
         (``(B, positions)``) and, when asked, the logits there."""
         exe, feed, outputs = self._program(request)
-        feed["ids"], feed["seed"] = ids, request.sampling.seed
-        feed["bar"] = tqdm(total=request.new, desc="decoding", unit="tok", disable=not request.progress)
-        try:
-            results = exe.run()
-        finally:
-            feed["bar"].close()
+        with self._running:  # (``feed`` is the program's, whatever the seed)
+            feed["ids"], feed["seed"] = ids, request.sampling.seed
+            feed["bar"] = tqdm(total=request.new, desc="decoding", unit="tok", disable=not request.progress)
+            try:
+                results = exe.run()
+            finally:
+                feed["bar"].close()
         return {name: np.moveaxis(np.asarray(results[rt]), 0, 1) for name, rt in outputs.items()}
 
     def _program(self, request: _Request) -> tuple:

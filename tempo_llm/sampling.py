@@ -2,10 +2,10 @@
 top-p (nucleus) filtering, as recurrent-tensor ops (``Sampling.choose``): the choice runs
 on the device with the rest of a position, so sampled decoding runs in scans as greedy
 decoding does. A draw is the inverse of the filtered softmax's cumulative sum at a
-uniform number per sequence and position (``uniforms``: NumPy's generator seeded by
-``seed``, all drawn at once), the same on either backend and whatever order positions
-run in; ``tempo_llm.generate`` hands them in at run time, so another seed compiles
-nothing."""
+uniform number per sequence and position (``uniforms``: per sequence, NumPy's generator
+seeded by ``(seed, sequence)``, all drawn at once), the same on either backend, whatever
+order positions run in and whatever the batch; ``tempo_llm.generate`` hands them in at
+run time, so another seed compiles nothing."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ class Sampling:
             raise ValueError(f"top_k must be at least 1, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -45,35 +47,38 @@ class Sampling:
                uniform: tp.RecurrentTensor | None = None) -> tp.RecurrentTensor:
         """One token per row of ``logits`` (``(B, vocab)`` at each ``t``), as int32: the
         most likely, or (not greedy) a draw by the inverse of the filtered softmax's
-        cumulative sum at ``uniform`` (``(B, 1)`` numbers in ``[0, 1)`` at each ``t``)."""
+        cumulative sum at ``uniform`` (``(B, 1)`` numbers in ``(0, 1]`` at each ``t``: a
+        token of zero probability is never drawn). With top-k or top-p the tokens are
+        ranked once, most likely first (one sort); the sums are float32 (a token whose
+        probability is below the float32 rounding of the running sum is never drawn:
+        about 3e-4 of the mass over 128k tokens)."""
         if self.greedy:
             return logits.argmax(-1).astype("int32")
-        vocab = int(as_expr(logits.shape[-1]).value)
-        scaled = logits / float(self.temperature)
-        if self.top_k is not None and self.top_k < vocab:
-            ranked = scaled.gather((-scaled).argsort(-1), -1)  # descending
-            scaled = tp.where(scaled < ranked[t, :, self.top_k - 1:self.top_k], -np.inf, scaled)
-        probs = scaled.softmax(-1)
-        if self.top_p is not None and self.top_p < 1:
-            probs = _nucleus(probs, self.top_p, t)
         if uniform is None:
             raise ValueError("a sampled choice needs its uniform numbers")
+        batch, vocab = (int(as_expr(d).value) for d in logits.shape)
+        scaled = logits / float(self.temperature)
+        top_k = self.top_k is not None and self.top_k < vocab
+        top_p = self.top_p is not None and self.top_p < 1
+        order = (-scaled).argsort(-1) if top_k or top_p else None  # stable: ties keep their order
+        if order is not None:
+            scaled = scaled.gather(order, -1)
+        if top_k:  # (tokens as likely as the k-th stay)
+            scaled = tp.where(scaled < scaled[t, :, self.top_k - 1:self.top_k], -np.inf, scaled)
+        probs = scaled.softmax(-1)
+        if top_p:  # the most likely tokens whose mass first reaches top_p (the first always)
+            probs = probs * (probs.cumsum(-1) - probs < self.top_p).astype("float32")
         cumulative = probs.cumsum(-1)
-        chosen = (cumulative < uniform * cumulative[t, :, vocab - 1:vocab]).astype("int32").sum(-1)
-        return tp.min(chosen, vocab - 1)
+        drawn = (cumulative < uniform * cumulative[t, :, vocab - 1:vocab]).astype("int32").sum(-1)
+        drawn = tp.min(drawn, vocab - 1)  # (float rounding of the last sum)
+        if order is None:
+            return drawn
+        return order.gather(drawn.reshape(batch, 1), -1).reshape(batch)
 
 
 def uniforms(seed: int, positions: int, batch: int) -> np.ndarray:
     """The uniform numbers of a sampled generation, ``(positions, batch, 1)`` float32 in
-    ``[0, 1)``: position ``t``'s do not depend on ``positions``."""
-    return np.random.default_rng(seed).random((positions, batch, 1), dtype=np.float32)
-
-
-def _nucleus(probs: tp.RecurrentTensor, top_p: float, t: Symbol) -> tp.RecurrentTensor:
-    """``probs`` with all but the most likely tokens whose mass first reaches ``top_p``
-    zeroed (the most likely token always stays)."""
-    order = (-probs).argsort(-1)
-    ranked = probs.gather(order, -1)
-    keep_ranked = (ranked.cumsum(-1) - ranked < top_p).astype("float32")
-    keep = keep_ranked.gather(order.argsort(-1), -1)  # back in vocabulary order
-    return probs * keep
+    ``(0, 1]``: sequence ``b``'s are the stream of NumPy's generator seeded by ``(seed,
+    b)``, so they depend neither on ``positions`` nor on the batch they are drawn in."""
+    return np.stack([1 - np.random.default_rng([seed, b]).random(positions, dtype=np.float32)
+                     for b in range(batch)], axis=1)[..., None]

@@ -58,10 +58,11 @@ masked zeros. ``timed`` does not apply to spans: they always run lowered, unless
 is ``interpreted``. Sinks (a progress bar, ``tp.stop_when``: ``deferrable_sink``) are
 called after each span, in order, with host copies of the values the scan wrote back,
 once the next span is on its way (or before anything else runs). A span where a sink
-runs lasts at most ``SINK_SPAN`` iterations (or the largest power of two below it that
-``max_stacked_mb`` allows), ending at multiples of it (a span's length is part of its
-program), so that sinks lag by two spans at most, and a stop (``tp.stop_when``) wastes two
-spans' work at most (the run's outputs end at the stop)."""
+runs ends at a multiple of ``SINK_SPAN`` (or of the largest power of two below it that
+``max_stacked_mb`` allows), the next one or, where that would leave fewer than
+``MIN_SPAN`` iterations, the one after (a span's length is part of its program: spans
+mostly have one length), so that sinks lag by two spans at most, and a stop
+(``tp.stop_when``) wastes two spans' work at most (the run's outputs end at the stop)."""
 
 from __future__ import annotations
 
@@ -547,7 +548,8 @@ class LoopLauncher:
         within ``max_stacked_mb``, and every block kernel can run there as one scan
         (``_kernel_part``); one shorter than ``MIN_SPAN`` iterations is interpreted. Where
         sinks run (``sinks_at``), a span also ends at the next multiple of its ``cap``
-        (``_sink_cap``), or of twice it where the first would leave it too short."""
+        (``_sink_cap``), or at the one after where the first would leave it shorter than
+        ``MIN_SPAN``."""
         stop = n + int(np.argmax(apart[n:])) if apart[n:].any() else trips
         most = self._most_stacked(n, stop, instances)
         cap = None
@@ -973,8 +975,9 @@ class _Span:
         buffers then hold rows to write (at most ``most``, up to the next multiple of
         ``cap``, and what the entry has left)."""
         trips = min(self.remaining, self.most)
-        if self.cap is not None:
-            trips = min(trips, self.cap - self.stop % self.cap)
+        if self.cap is not None:  # (as ``LoopLauncher._span_at`` ends it)
+            left = self.cap - self.stop % self.cap
+            trips = min(trips, left + self.cap if left < MIN_SPAN and left + self.cap <= self.most else left)
         lengths, shapes = {}, []
         for store, block, rows in zip(self.targets, self.buffers, self.rows):
             axis, length, first = store.rows_axis, block.shape[store.rows_axis], int(rows[-1]) + 1

@@ -169,23 +169,60 @@ def test_sampling_is_reproducible_and_filters_as_asked(llama):
     np.testing.assert_array_equal(lm.generate(ids, 8, temperature=0.7, top_p=1e-6, seed=3).tokens, greedy)
 
 
+def _reference_draws(logits: np.ndarray, sampling: Sampling, u: np.ndarray) -> np.ndarray:
+    """Tokens drawn from ``logits`` (``(B, vocab)``) at ``u`` (``(B,)`` in (0, 1]), in
+    float64 NumPy: filter as asked, rank most likely first, invert the cumulative sum."""
+    scaled = logits.astype(np.float64) / sampling.temperature
+    order = np.argsort(-scaled, axis=-1, kind="stable")
+    ranked = np.take_along_axis(scaled, order, -1)
+    if sampling.top_k is not None:
+        ranked = np.where(ranked < ranked[:, sampling.top_k - 1:sampling.top_k], -np.inf, ranked)
+    probs = np.exp(ranked - ranked.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    if sampling.top_p is not None:
+        probs = np.where(probs.cumsum(-1) - probs < sampling.top_p, probs, 0.0)
+    cumulative = probs.cumsum(-1)
+    drawn = (cumulative < u[:, None] * cumulative[:, -1:]).sum(-1)
+    return np.take_along_axis(order, drawn[:, None], -1)[:, 0]
+
+
 def test_sampled_decoding_runs_in_scans_and_compiles_once_for_every_seed(llama):
-    """Sampling on JAX: the positions run as scans, a seed is a run-time input (one program
-    for seeds 1 and 2), a seed's tokens are reproducible and the NumPy backend's."""
+    """Sampling on JAX: the positions run as scans, each token is the one a float64 NumPy
+    sampler draws from its logits at the seed's uniform numbers, a seed is a run-time
+    input (seed 2 compiles nothing more than seed 1), and seeds draw differently."""
+    from tempo_llm.sampling import uniforms
     _, path = llama
     lm = tempo_llm.load(path, backend="jax")
     ids = _ids(2, 4, seed=7)
-    options = dict(temperature=1.0, top_k=20, top_p=0.95)
-    first = lm.generate(ids, 40, seed=1, **options)
-    other = lm.generate(ids, 40, seed=2, **options)
-    np.testing.assert_array_equal(lm.generate(ids, 40, seed=1, **options).tokens, first.tokens)
+    sampling = Sampling(temperature=0.9, top_k=20, top_p=0.9)
+    options = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    first = lm.generate(ids, 40, seed=1, return_logits=True, **options)
+    u = uniforms(1, 4 + 40 - 1, 2)[3:, :, 0]  # (the numbers of the positions that choose)
+    expected = np.stack([_reference_draws(first.logits[:, n], sampling, u[n]) for n in range(40)], 1)
+    np.testing.assert_array_equal(first.tokens[:, 4:], expected)
+    exe = lm._program(lm._request(ids, 40, seed=2, return_logits=True, **options))[0]
+    compiled = dict(exe.xla.programs)
+    other = lm.generate(ids, 40, seed=2, return_logits=True, **options)
+    assert dict(exe.xla.programs) == compiled
     assert (first.tokens != other.tokens).any()
-    assert len(lm._programs) == 1
     np.testing.assert_array_equal(tempo_llm.load(path).generate(ids, 40, seed=1, **options).tokens,
                                   first.tokens)
-    exe = lm._program(lm._request(ids, 40, seed=2, **options))[0]
     (spans,) = [c for c in exe.loop_choices.values() if c.form == "spans"]
     assert spans.iterations_in_scans >= 32
+
+
+def test_a_filtered_token_is_never_drawn():
+    """At the ends of the uniform numbers' range (0, 1]: top-k 1 draws the most likely
+    token, top-k 2 one of the two most likely, never a filtered one."""
+    logits = np.log(np.array([[0.1, 0.2, 0.3, 0.4]]))
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        rows = tp.const(np.repeat(logits[None], 2, 0).astype(np.float32))[t]
+        u = tp.const(np.array([[[2.0 ** -24]], [[1.0]]], np.float32))[t]
+        one, two = (Sampling(temperature=1.0, top_k=k).choose(rows, t, u) for k in (1, 2))
+        out = ctx.compile({T: 2}, [one, two]).run()
+    assert out[one][:, 0].tolist() == [3, 3] and out[two][:, 0].tolist() == [3, 2]
 
 
 def _draws(sampling: Sampling, logits: np.ndarray, n: int, backend: str = "numpy") -> np.ndarray:
@@ -194,31 +231,32 @@ def _draws(sampling: Sampling, logits: np.ndarray, n: int, backend: str = "numpy
     (t,), (T,) = ctx.dims, ctx.bounds
     with ctx:
         rows = tp.const(np.repeat(logits[None], n, 0).astype(np.float32))[t]
-        chosen = sampling.choose(rows, t, tp.uniform((len(logits), 1)))
+        chosen = sampling.choose(rows, t, 1 - tp.uniform((len(logits), 1)))  # (in (0, 1], as generate's)
         return ctx.compile({T: n}, [chosen], backend=backend).run()[chosen]
 
 
 def test_sampling_draws_follow_the_softmax():
     """Frequencies of 20,000 draws against the softmax, and against it restricted to the
-    two most likely tokens (top-k 2, and top-p 0.7: 0.5 + 0.25 first reaches it)."""
-    logits = np.log(np.array([[0.5, 0.25, 0.125, 0.125]]))
+    two most likely tokens (top-k 2, and top-p 0.7: 0.5 + 0.25 first reaches it); the
+    tokens are not in order of likelihood (the filters rank them)."""
+    p = np.array([0.125, 0.5, 0.125, 0.25])
+    logits = np.log(p)[None]
     draws = _draws(Sampling(temperature=1.0), logits, 20000)[:, 0]
-    np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), [0.5, 0.25, 0.125, 0.125],
-                               atol=0.015)
+    np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), p, atol=0.015)
     for filtered in (Sampling(temperature=1.0, top_p=0.7, seed=1),
                      Sampling(temperature=1.0, top_k=2, seed=2)):
         draws = _draws(filtered, logits, 4000)[:, 0]
-        np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), [2 / 3, 1 / 3, 0, 0],
+        np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), [0, 2 / 3, 0, 1 / 3],
                                    atol=0.03)
     hot = _draws(Sampling(temperature=4.0, seed=3), logits, 20000)[:, 0]  # p ** (1/4), normalized
-    expected = np.array([0.5, 0.25, 0.125, 0.125]) ** 0.25
-    np.testing.assert_allclose(np.bincount(hot, minlength=4) / len(hot), expected / expected.sum(),
+    np.testing.assert_allclose(np.bincount(hot, minlength=4) / len(hot), p ** 0.25 / (p ** 0.25).sum(),
                                atol=0.015)
 
 
 def test_sampling_draws_the_same_tokens_on_both_backends():
-    """The draws are keyed by the seed and the position: NumPy and JAX draw the same tokens
-    (but where a draw lands within float32 rounding of a boundary of the cumulative sum)."""
+    """Given the same uniform numbers (``tp.uniform``'s, the same bits on both backends),
+    NumPy and JAX draw the same tokens (but where a draw lands within float32 rounding of
+    a boundary of the cumulative sum)."""
     jax = pytest.importorskip("jax")
     del jax
     logits = np.random.default_rng(0).normal(size=(3, 50)) * 2
