@@ -6,12 +6,17 @@ weights, greedy, prompt of 16 tokens.
     python benchmarks/decode.py               # causal and window, batch 1 and 8, 512/2K/8K tokens
     python benchmarks/decode.py --lengths 512 2048 --batches 1 --attention causal
     python benchmarks/decode.py --systems tempo-numpy jax --lengths 512
+    python benchmarks/decode.py --systems tempo-jax --decoding greedy eos sampled --lengths 2048
 
 The model is ``--config small`` (4 layers, hidden 256, 8 heads, 2 KV heads, SwiGLU 704,
 vocab 1000) or ``base`` (~100M parameters: 12 layers, hidden 768, 12 heads, 4 KV heads,
 SwiGLU 2048, vocab 32000), written with ``tempo_llm.random_checkpoint`` as a Llama
 checkpoint (causal) and a Mistral one with ``sliding_window=--window`` (window; the same
-weights). Each cell runs in a fresh process and reports tokens/s of the generation (after
+weights). ``--decoding`` also runs Tempo with an EOS check (``eos``: an ``eos_token_id``
+of the vocabulary's last id, which a generation may or may not emit: tokens/s counts the
+tokens generated) or sampling (``sampled``: temperature 0.8, top-k 50, top-p 0.9); the
+baselines decode greedily only, and the ratios compare with their greedy rows. Each cell
+runs in a fresh process and reports tokens/s of the generation (after
 compiling and a short warm-up generation), compile time and peak RSS; the tables give
 ratios to the plain JAX row. Tempo's JAX backend compiles its kernels when they first run,
 once per shape, so its first generation at a length includes XLA compiling; a second one
@@ -42,6 +47,8 @@ CONFIGS = {"small": dict(layers=4, hidden=256, heads=8, kv_heads=2, intermediate
            "base": dict(layers=12, hidden=768, heads=12, kv_heads=4, intermediate=2048, vocab=32000)}
 PROMPT = 16
 WARMUP_TOKENS = 8
+DECODINGS = ("greedy", "eos", "sampled")
+SAMPLED = dict(temperature=0.8, top_k=50, top_p=0.9)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class DecodeCell:
     new_tokens: int
     checkpoint: str
     window: int
+    decoding: str = "greedy"
 
 
 def run_cell(cell: DecodeCell) -> dict[str, Any]:
@@ -61,16 +69,21 @@ def run_cell(cell: DecodeCell) -> dict[str, Any]:
     if cell.system.startswith("tempo"):
         import tempo_llm
         lm = tempo_llm.load(cell.checkpoint, backend=cell.system.removeprefix("tempo-"))
-        options = dict(attention=cell.attention, window=window)
+        options: dict[str, Any] = dict(attention=cell.attention, window=window)
+        if cell.decoding == "eos":
+            options["eos_token_id"] = lm.cfg.vocab_size - 1
+        elif cell.decoding == "sampled":
+            options.update(SAMPLED)
         lm.generate(ids, WARMUP_TOKENS, **options)
         start = time.perf_counter()
         lm.compile_generation(ids, cell.new_tokens, **options)
         compiled = time.perf_counter()
-        lm.generate(ids, cell.new_tokens, **options)
+        out = lm.generate(ids, cell.new_tokens, **options)
         decoded = time.perf_counter()
-        lm.generate(ids, cell.new_tokens, **options)
+        again = lm.generate(ids, cell.new_tokens, **options)
         return {"compile_s": compiled - start, "decode_s": decoded - compiled,
-                "again_s": time.perf_counter() - decoded}
+                "again_s": time.perf_counter() - decoded,
+                "tokens": out.tokens.shape[1] - PROMPT, "tokens_again": again.tokens.shape[1] - PROMPT}
     if cell.system == "jax":
         import tempo_llm
         from benchmarks.baselines import jax_decode
@@ -108,25 +121,28 @@ HEADERS = ["system", "attention", "batch", "new tokens", "tokens/s", "tokens/s a
 
 def table(rows: list[tuple[DecodeCell, dict[str, Any]]], title: str, markdown: bool) -> str:
     def speed(cell: DecodeCell, out: dict[str, Any], key: str = "decode_s") -> float | None:
-        return cell.batch * cell.new_tokens / out[key] if key in out else None
+        tokens = out.get("tokens_again" if key == "again_s" else "tokens", cell.new_tokens)
+        return cell.batch * tokens / out[key] if key in out else None
     ref = {(c.attention, c.batch, c.new_tokens): (speed(c, o), o.get("peak_rss_mb"))
            for c, o in rows if c.system == "jax" and not o.get("error")}
     body = []
     for cell, out in rows:
         key = (cell.attention, cell.batch, cell.new_tokens)
+        system = cell.system if cell.decoding == "greedy" else f"{cell.system} ({cell.decoding})"
         if out.get("error"):
-            body.append([cell.system, cell.attention, str(cell.batch), str(cell.new_tokens), out["error"]])
+            body.append([system, cell.attention, str(cell.batch), str(cell.new_tokens), out["error"]])
             continue
         jax_speed, jax_rss = ref.get(key, (None, None))
         tps, again = speed(cell, out), speed(cell, out, "again_s")
         others = cell.system != "jax"
-        body.append([cell.system, cell.attention, str(cell.batch), str(cell.new_tokens), fmt(tps, 1),
+        body.append([system, cell.attention, str(cell.batch), str(cell.new_tokens), fmt(tps, 1),
                      fmt(again, 1) if again else "", fmt(out.get("compile_s")),
                      fmt(out.get("peak_rss_mb"), 0), ratio(tps, jax_speed) if others else "",
                      ratio(again, jax_speed) if others and again else "",
                      ratio(out.get("peak_rss_mb"), jax_rss) if others else ""])
-    notes = ["tokens/s: batch x new tokens over the generation's wall time (after compiling and a "
-             f"{WARMUP_TOKENS}-token warm-up generation); prompt {PROMPT} tokens, greedy.",
+    notes = ["tokens/s: batch x new tokens generated over the generation's wall time (after compiling "
+             f"and a {WARMUP_TOKENS}-token warm-up generation); prompt {PROMPT} tokens; greedy unless "
+             f"(eos): with an EOS check, (sampled): {SAMPLED}.",
              "tokens/s again: Tempo's second generation of the same length (its JAX backend compiles "
              "kernels for new shapes during the first).",
              "ratios: over the plain JAX row of the same attention, batch and length; above 1x for "
@@ -143,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--lengths", nargs="+", type=int, default=[512, 2048, 8192])
     p.add_argument("--window", type=int, default=512)
+    p.add_argument("--decoding", nargs="+", choices=DECODINGS, default=["greedy"],
+                   help="Tempo's decodings (the baselines: greedy only)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (default 900)")
     p.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -164,13 +182,15 @@ def main(argv: list[str] | None = None) -> None:
             for batch in args.batches:
                 for length in args.lengths:
                     for system in args.systems:
-                        cell = DecodeCell(system, attention, batch, length, str(paths[attention]),
-                                          args.window)
-                        print(f"... {system}, {attention}, batch {batch}, {length} tokens", flush=True)
-                        rows.append((cell, run_worker(Path(__file__).resolve(), json.dumps(asdict(cell)),
-                                                      args.timeout, ROOT)))
+                        for decoding in args.decoding if system.startswith("tempo") else ["greedy"]:
+                            cell = DecodeCell(system, attention, batch, length, str(paths[attention]),
+                                              args.window, decoding)
+                            print(f"... {system} ({decoding}), {attention}, batch {batch}, {length} tokens",
+                                  flush=True)
+                            rows.append((cell, run_worker(Path(__file__).resolve(), json.dumps(asdict(cell)),
+                                                          args.timeout, ROOT)))
     sizes_text = ", ".join(f"{k} {v}" for k, v in CONFIGS[args.config].items())
-    title = f"Greedy decoding, config {args.config} ({sizes_text}), window {args.window}"
+    title = f"Decoding, config {args.config} ({sizes_text}), window {args.window}"
     print(table(rows, title, markdown=False))
     if args.markdown:
         args.markdown.write_text(table(rows, title, markdown=True) + "\n")
