@@ -95,7 +95,8 @@ WARM_ENTRIES = 1
 TIMED_ENTRIES = 2
 """Entries of each form ``timed`` times; the fastest counts."""
 SINK_SPAN = 64
-"""The most iterations of a span whose loop has sinks (called after each span)."""
+"""Where a sink runs, spans end at multiples of this many iterations (or of a smaller
+power of two, ``_sink_cap``): the sinks are called after each span."""
 
 
 @dataclass
