@@ -471,16 +471,17 @@ class LoopLauncher:
         sinks are called once the next span is on its way (the device is not left idle
         while they wait for the span's values), or before anything else runs."""
         choice = self.choice
-        sinks_at = None
+        sinks_at, sink_frees = None, []
         if self.sinks is not None:
             sinks_at = np.zeros(space.trips, bool)
             for name in self.planner.deferred:
                 sinks_at[instances[name][1]] = True
+            sink_frees = self._frees_of_sinks_reads(instances)
         n, waiting = 0, None  # (the span whose sinks wait: its iterations and values)
         while n < space.trips:
             span = None if apart[n] else self._span_at(n, space.trips, apart, sinks_at, instances, frees)
             if not isinstance(span, _Span):
-                self._call_sinks(waiting, outer, values, instances)
+                self._call_sinks(waiting, outer, values, sink_frees)
                 waiting = None
                 stop = n + 1 if span is None else span
                 while stop < space.trips and apart[stop] and apart[n]:
@@ -494,23 +495,34 @@ class LoopLauncher:
                 read = self._run_lowered(self.planner.plan(outer, space.span(n, span.stop)), span)
             except Unlowerable as why:  # the rest, and the later entries, interpreted
                 choice.fallbacks.append(str(why))
-                self._call_sinks(waiting, outer, values, instances)
+                self._call_sinks(waiting, outer, values, sink_frees)
                 self.spans(self.namespace, values[n:], *outer)
                 choice.interpreted_iterations += space.trips - n
                 return
             self.span_seconds += time.perf_counter() - begin
             choice.iterations_in_scans += span.stop - n
             choice.scans += 1
-            self._call_sinks(waiting, outer, values, instances)
+            self._call_sinks(waiting, outer, values, sink_frees)
             waiting = (n, span.stop, read) if self.sinks is not None else None
             n = span.stop
-        self._call_sinks(waiting, outer, values, instances)
+        self._call_sinks(waiting, outer, values, sink_frees)
+
+    def _frees_of_sinks_reads(self, instances: dict) -> list[tuple[Op, tuple[int, ...], np.ndarray, tuple]]:
+        """The entry's frees of points the sinks read (the scan leaves them to
+        ``_call_sinks``): per free statement, its op, those outputs, iterations and points."""
+        kept = self.planner.deferred_keys
+        frees = []
+        for st, iterations, coords in instances.values():
+            outputs = tuple(k for k in st.freed if (st.op.id, k) in kept) if st.kind == "free" else ()
+            if outputs:
+                frees.append((st.op, outputs, iterations, coords))
+        return frees
 
     def _call_sinks(self, span: tuple[int, int, list] | None, outer: tuple[int, ...], values: list[int],
-                    instances: dict) -> None:
+                    frees: list[tuple[Op, tuple[int, ...], np.ndarray, tuple]]) -> None:
         """The sinks of the iterations ``start .. stop - 1`` of a span (``span``: those and
-        the stacked values of the span the sinks read), in order, then the frees of the
-        points they read (the scan left those to them). The sinks read the values' host
+        the stacked values of the span the sinks read), in order, then the ``frees`` of the
+        points they read there (``_frees_of_sinks_reads``). The sinks read the values' host
         copies: a slice on the device would wait for the scan dispatched since."""
         if span is None:
             return
@@ -519,13 +531,10 @@ class LoopLauncher:
             for store, stacked in read:
                 on_host.enter_context(store.rows_on_host(stacked, self.backend.to_host(stacked)))
             self.sinks(self.namespace, values[start:stop], *outer)
-        kept = self.planner.deferred_keys
-        for st, iterations, coords in instances.values():
-            outputs = tuple(k for k in st.freed if (st.op.id, k) in kept) if st.kind == "free" else ()
-            if outputs:
-                mask = (iterations >= start) & (iterations < stop)
-                if mask.any():
-                    self._free(st.op, outputs, tuples(tuple(c[mask] for c in coords), int(mask.sum())))
+        for op, outputs, iterations, coords in frees:
+            mask = (iterations >= start) & (iterations < stop)
+            if mask.any():
+                self._free(op, outputs, tuples(tuple(c[mask] for c in coords), int(mask.sum())))
 
     def _apart(self, outer: tuple[int, ...], space: nest.Space, instances: dict) -> np.ndarray:
         """Per iteration of an entry, whether it is interpreted whatever the buffers: a
@@ -556,10 +565,7 @@ class LoopLauncher:
         cap = None
         if sinks_at is not None and sinks_at[n:min(stop, n + most)].any():
             cap = _sink_cap(most)
-            end = (n // cap + 1) * cap
-            if end - n < MIN_SPAN and end + cap - n <= most:
-                end += cap
-            stop = min(stop, end)
+            stop = min(stop, n + _sink_span(n, cap, most))
         stop = min(stop, n + most)
         parts = []
         for pos, layout in self.planner.buffered.items():
@@ -976,9 +982,8 @@ class _Span:
         buffers then hold rows to write (at most ``most``, up to the next multiple of
         ``cap``, and what the entry has left)."""
         trips = min(self.remaining, self.most)
-        if self.cap is not None:  # (as ``LoopLauncher._span_at`` ends it)
-            left = self.cap - self.stop % self.cap
-            trips = min(trips, left + self.cap if left < MIN_SPAN and left + self.cap <= self.most else left)
+        if self.cap is not None:
+            trips = min(trips, _sink_span(self.stop, self.cap, self.most))
         lengths, shapes = {}, []
         for store, block, rows in zip(self.targets, self.buffers, self.rows):
             axis, length, first = store.rows_axis, block.shape[store.rows_axis], int(rows[-1]) + 1
@@ -1032,6 +1037,14 @@ def _sink_cap(most: int) -> int:
     while cap > max(most, 1):
         cap //= 2
     return cap
+
+
+def _sink_span(n: int, cap: int, most: int) -> int:
+    """The iterations of a span from iteration ``n`` where sinks run: to the next multiple
+    of ``cap``, or to the one after where the first leaves fewer than ``MIN_SPAN`` (and
+    ``most`` allows it)."""
+    left = cap - n % cap
+    return left + cap if left < MIN_SPAN and left + cap <= most else left
 
 
 def _sinks(loop: ast.Loop, statements: dict[str, Statement], graph: SDG) -> frozenset[str]:
