@@ -9,6 +9,7 @@ shape and options and cached.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -69,17 +70,21 @@ class LanguageModel:
     def generate(self, ids: np.ndarray, max_new_tokens: int, *, attention: str | None = None,
                  window: int | None = None, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | None = None, seed: int = 0,
-                 return_logits: bool = False, progress: bool = False) -> Generation:
+                 return_logits: bool = False, progress: bool = False,
+                 on_token: Callable[[int, np.ndarray], None] | None = None) -> Generation:
         """``max_new_tokens`` tokens after each prompt of ``ids`` (``(B, P)`` ints).
         ``attention`` is the model's own by default (a window for a Mistral config with
         ``sliding_window``, else causal); ``"window"`` attends to the last ``window``
         positions (by default the config's ``sliding_window``). A sequence that emits
         ``eos_token_id`` keeps emitting it; ``lengths`` says where each one stopped.
-        ``progress``: a progress bar."""
+        ``progress``: a progress bar. ``on_token(n, tokens)`` streams the generation: it is
+        called with ``n = 0, 1, ...`` and the ``(B,)`` tokens generated ``n``-th, in order, as
+        they reach the host (on the JAX backend, up to two scans of positions after the device
+        chose them)."""
         ids = _token_ids(ids, self.cfg.vocab_size)
         request = self._request(ids, max_new_tokens, attention, window, temperature, top_k, top_p,
-                                eos_token_id, seed, return_logits, progress)
-        out = self._run(request, ids)
+                                eos_token_id, seed, return_logits, progress or on_token is not None)
+        out = self._run(request, ids, progress, on_token)
         P = request.prompt
         generated = out["chosen"][:, P - 1:]  # fewer than asked when every sequence ended
         tokens = np.concatenate([ids, generated], axis=1)
@@ -95,7 +100,8 @@ class LanguageModel:
         """Compile what ``generate`` with these arguments runs, without running it (to time
         compilation apart)."""
         ids = _token_ids(ids, self.cfg.vocab_size)
-        self._program(self._request(ids, max_new_tokens, **options))
+        watched = bool(options.pop("progress", False)) or options.pop("on_token", None) is not None
+        self._program(self._request(ids, max_new_tokens, **options, watched=watched))
 
     def encode(self, text: str) -> list[int]:
         """``text``'s token ids (needs the checkpoint's ``tokenizer.json``)."""
@@ -120,26 +126,33 @@ class LanguageModel:
     def _request(self, ids: np.ndarray, max_new_tokens: int, attention: str | None = None,
                  window: int | None = None, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | None = None, seed: int = 0,
-                 return_logits: bool = False, progress: bool = False) -> _Request:
+                 return_logits: bool = False, watched: bool = False) -> _Request:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if eos_token_id is not None and not 0 <= eos_token_id < self.cfg.vocab_size:
             raise ValueError(f"eos_token_id {eos_token_id} is outside the vocabulary "
                              f"({self.cfg.vocab_size})")
         return _Request(*ids.shape, max_new_tokens, self._attention(attention, window),
-                        Sampling(temperature, top_k, top_p, seed), eos_token_id, return_logits, progress)
+                        Sampling(temperature, top_k, top_p, seed), eos_token_id, return_logits, watched)
 
-    def _run(self, request: _Request, ids: np.ndarray) -> dict[str, np.ndarray]:
+    def _run(self, request: _Request, ids: np.ndarray, progress: bool = False,
+             on_token: Callable[[int, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
         """Run ``request``'s program on ``ids``: the token chosen at every position
         (``(B, positions)``) and, when asked, the logits there."""
         exe, feed, outputs = self._program(request)
         with self._running:  # (``feed`` is the program's, whatever the seed)
             feed["ids"], feed["seed"] = ids, request.sampling.seed
-            feed["bar"] = tqdm(total=request.new, desc="decoding", unit="tok", disable=not request.progress)
+            bar = tqdm(total=request.new, desc="decoding", unit="tok", disable=not progress)
+
+            def watch(n: int, tokens: np.ndarray) -> None:
+                bar.update(1)
+                if on_token is not None:
+                    on_token(n, tokens)
+            feed["watch"] = watch
             try:
                 results = exe.run()
             finally:
-                feed["bar"].close()
+                bar.close()
         return {name: np.moveaxis(np.asarray(results[rt]), 0, 1) for name, rt in outputs.items()}
 
     def _program(self, request: _Request) -> tuple:
@@ -177,11 +190,12 @@ class LanguageModel:
                 chosen = tp.where((tokens == eos) & (tp.symbol_value(t) >= P), eos, chosen)
             if request.new:
                 tokens[t >= P] = chosen[t - 1]
+            if request.watched:  # a progress bar or ``on_token``
+                tp.sink(chosen, lambda tokens, point: feed["watch"](point["t"] - (P - 1), np.asarray(tokens)),
+                        name="watch", when=t >= P - 1)
             if request.new and eos is not None:  # every sequence has ended: stop decoding
                 ended = (chosen == eos).astype("int32").min() > 0  # (on the device: a sink's
                 tp.stop_when(ended & (tp.symbol_value(t) >= P - 1))  # calls wait for a scan)
-            if request.progress:
-                tp.sink(chosen, lambda _, point: feed["bar"].update(1), name="progress", when=t >= P - 1)
         outputs = {"chosen": chosen, **({"logits": logits} if request.keep_logits else {})}
         exe = ctx.compile({T: positions}, list(outputs.values()), backend=self.backend,
                           tile=self.tile)
@@ -200,7 +214,8 @@ class _Request:
     sampling: Sampling
     eos: int | None
     keep_logits: bool
-    progress: bool = False
+    watched: bool = False
+    """Whether the generated tokens reach the host as they are chosen (a progress bar, ``on_token``)."""
 
 
 def _token_ids(ids: Any, vocab: int) -> np.ndarray:

@@ -186,6 +186,13 @@ class Polyhedral:
                           f"{' and '.join(constraints) or 'true'} }}")
         return named_map(text, self.name(edge.sink), self.name(edge.src))
 
+    def same_point(self, before: Op, after: Op) -> isl.UnionMap:
+        """``{ before[p] -> after[p] }`` at the points ``p`` of both (ops of one domain)."""
+        vars_ = ", ".join(self._vars(before, "a").values())
+        cond = [*self._box_text(before, "a"), *self._box_text(after, "a")]
+        text = self._text(f"{{ {SINK}[{vars_}] -> {SOURCE}[{vars_}] : {' and '.join(cond) or 'true'} }}")
+        return named_map(text, self.name(before), self.name(after))
+
     def condition_set(self, op: Op, cond: Expr) -> isl.UnionSet:
         vars_ = ", ".join(self._vars(op, "a").values())
         return self.union_set(f"{{ {self.name(op)}[{vars_}] : "

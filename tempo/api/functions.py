@@ -11,6 +11,7 @@ from tempo.api.context import Context, active_context
 from tempo.api.tensor import RecurrentTensor, constant, lift
 from tempo.api.tensor import symbol_value as _symbol_value
 from tempo.errors import DomainError, ShapeError, StopRun, UDFError, user_site
+from tempo.ir.graph import Op
 from tempo.ir.types import TensorType, dtype_name
 from tempo.symbolic.expr import Expr, ExprLike, Symbol, as_expr, maximum, minimum
 
@@ -189,6 +190,14 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
             raise UDFError("a traceable UDF is vmapped over parallel dims; it takes no `batched`",
                            user_site())
         return _traced_udf(fn, inputs, outputs, domain, name, pass_point, when)
+    ctx, op = _host_udf(fn, inputs, outputs, domain, name, pass_point, when, batched)
+    return tuple(RecurrentTensor(ctx, op, k) for k in range(len(op.outputs)))
+
+
+def _host_udf(fn: Callable[..., Any], inputs: Sequence[Any], outputs: Sequence[tuple[Sequence[int], Any]],
+              domain: Sequence[Symbol], name: str | None, pass_point: bool, when: Any,
+              batched: Callable[..., Any] | None) -> tuple[Context, Op]:
+    """The context and op of a host ``udf``."""
     ctx = _context_of(*inputs)
     rts = [lift(ctx, x) for x in inputs]
     out_types = tuple(TensorType(tuple(s), dtype_name(d)) for s, d in outputs)
@@ -206,7 +215,7 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
                     domain=[*domain, *(s for s in as_expr(when).symbols() if s in ctx.bound_of)],
                     label=label)
     op.when = _condition(ctx, when)
-    return tuple(RecurrentTensor(ctx, op, k) for k in range(len(out_types)))
+    return ctx, op
 
 
 def _traced_udf(fn: Callable[..., Any], inputs: Sequence[Any], outputs: Sequence[tuple],
@@ -247,12 +256,17 @@ def sink(x: RecurrentTensor | Sequence[RecurrentTensor], fn: Callable[..., None]
          name: str | None = None, when: Any = True) -> None:
     """Call ``fn(value, point)`` with the value of ``x`` at every point of its domain where
     ``when`` holds; with a list of RTs, ``fn(values, point)`` gets a list of values."""
+    _sink(x, fn, name, when)
+
+
+def _sink(x: RecurrentTensor | Sequence[RecurrentTensor], fn: Callable[..., None], name: str | None,
+          when: Any) -> Op:
     many = isinstance(x, (list, tuple))
 
     def call(point: dict[str, int], *values: np.ndarray) -> None:
         fn(list(values) if many else values[0], point)  # a logger's result is not an output
-    udf(call, list(x) if many else [x], (), name=name or getattr(fn, "__name__", "sink"),
-        pass_point=True, when=when)
+    return _host_udf(call, list(x) if many else [x], (), (), name or getattr(fn, "__name__", "sink"),
+                     True, when, None)[1]
 
 
 def stop_when(cond: RecurrentTensor, name: str | None = None) -> None:
@@ -270,7 +284,7 @@ def stop_when(cond: RecurrentTensor, name: str | None = None) -> None:
     def check(value: np.ndarray, point: dict[str, int]) -> None:
         if bool(value):
             raise StopRun(point)
-    sink(cond, check, name=name or "stop_when")
+    _sink(cond, check, name or "stop_when", True).params["stops"] = True  # (after its point's sinks)
 
 
 def _condition(ctx: Context, when: Any) -> Expr:

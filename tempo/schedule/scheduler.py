@@ -156,12 +156,25 @@ def _schedule(poly: Polyhedral, needed: isl.UnionSet,
             continue
         validity = validity.union(rel.reverse())
         proximity = proximity.union(_steady(rel.lexmax()).reverse())
+    validity = validity.union(_sinks_before_stops(poly).intersect_domain(needed).intersect_range(needed))
     try:
         sc = isl.ScheduleConstraints.on_domain(needed).set_context(poly.context()) \
             .set_validity(validity).set_proximity(proximity)
     except isl.Error:
         return None, False
     return _cached_schedule(sc)
+
+
+def _sinks_before_stops(poly: Polyhedral) -> isl.UnionMap:
+    """Each stop check (``tp.stop_when``) after the other sinks of its point: a run that
+    stops there still streams that point's token or logs its metrics."""
+    ops = poly.statements.values()
+    sinks = [op for op in ops if op.kind == "udf" and not op.outputs and not op.params.get("stops")]
+    before = poly.union_map("{ }")
+    for stop in (op for op in ops if op.params.get("stops")):
+        for sink in (s for s in sinks if s.domain == stop.domain):
+            before = before.union(poly.same_point(sink, stop))
+    return before
 
 
 def _cached_schedule(sc: isl.ScheduleConstraints) -> tuple[isl.Schedule | None, bool]:

@@ -384,9 +384,29 @@ def test_eos_on_jax_runs_in_scans_and_stops_where_the_sequence_ends(llama):
     out = lm.generate(ids, 120, eos_token_id=eos, progress=True)
     assert out.lengths.tolist() == [first] and out.tokens.shape == (1, 4 + first)
     np.testing.assert_array_equal(out.tokens[0, 4:], theirs[:first])
-    exe = lm._program(lm._request(ids, 120, eos_token_id=eos, progress=True))[0]
+    exe = lm._program(lm._request(ids, 120, eos_token_id=eos, watched=True))[0]
     (spans,) = [c for c in exe.loop_choices.values() if c.form == "spans"]
     assert spans.scans >= 1 and spans.iterations_in_scans >= min(first, SINK_SPAN) - 4
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_on_token_streams_every_generated_token_in_order(llama, backend):
+    """``on_token`` gets each generated position's tokens once, in order, the same as the
+    generation's; with an EOS check, up to where decoding stopped and not after."""
+    model, path = llama
+    lm = tempo_llm.load(path, backend=backend)
+    ids = np.concatenate([_ids(1, 4, seed=25), _ids(1, 4, seed=3)])
+    free = lm.generate(ids[:1], 120).tokens[0, 4:]
+    late = [p for p in range(110, 20, -1) if free[p] not in free[:p]]
+    assert late, "no token of this generation comes first after its 20th"
+    for eos in (None, int(free[late[0]])):
+        streamed: list[tuple[int, np.ndarray]] = []
+        out = lm.generate(ids[:1] if eos else ids, 120, eos_token_id=eos,
+                          on_token=lambda n, tokens: streamed.append((n, tokens.copy())))
+        generated = out.tokens[:, 4:]
+        assert [n for n, _ in streamed] == list(range(generated.shape[1]))
+        np.testing.assert_array_equal(np.stack([tokens for _, tokens in streamed], 1), generated)
+    assert generated.shape[1] == late[0] + 1 and generated[0, -1] == eos
 
 
 def test_buffers_grown_at_one_position_hand_their_memory_back_once(llama, monkeypatch):
