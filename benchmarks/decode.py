@@ -7,6 +7,7 @@ weights, greedy, prompt of 16 tokens.
     python benchmarks/decode.py --lengths 512 2048 --batches 1 --attention causal
     python benchmarks/decode.py --systems tempo-numpy jax --lengths 512
     python benchmarks/decode.py --systems tempo-jax --decoding greedy eos sampled --lengths 2048
+    python benchmarks/decode.py --lengths 512 2048 --plot decode.png   # + time per step against position
 
 The model is ``--config small`` (4 layers, hidden 256, 8 heads, 2 KV heads, SwiGLU 704,
 vocab 1000) or ``base`` (~100M parameters: 12 layers, hidden 768, 12 heads, 4 KV heads,
@@ -18,10 +19,19 @@ tokens generated) or sampling (``sampled``: temperature 0.8, top-k 50, top-p 0.9
 baselines decode greedily only, and the ratios compare with their greedy rows. Each cell
 runs in a fresh process and reports tokens/s of the generation (after
 compiling and a short warm-up generation), compile time and peak RSS; the tables give
-ratios to the plain JAX row. Tempo's JAX backend compiles its kernels when they first run,
+ratios to the plain JAX row. Every system runs on its framework's default device (a GPU
+where there is one). Tempo's JAX backend compiles its kernels when they first run,
 once per shape, so its first generation at a length includes XLA compiling; a second one
 (``tokens/s again``) shows the steady speed. A cell that fails or exceeds ``--timeout``
 says so.
+
+``--plot`` times each position in one more generation per cell: Tempo's streamed with
+``on_token`` (its tokens reach the host a span of 64 positions at a time), transformers'
+with a streamer, and the plain JAX decode's in a second program that calls back to the
+host every 64 positions (the table's tokens/s come from the runs without these). The KV
+column is what each system keeps: transformers' cache tensors, the plain JAX padded cache,
+and Tempo's ``Generation.kept_peak_bytes`` (keys, values and the few other points kept
+between positions, at their peak).
 """
 
 from __future__ import annotations
@@ -60,6 +70,13 @@ class DecodeCell:
     checkpoint: str
     window: int
     decoding: str = "greedy"
+    timeline: bool = False
+    """Also time each position (for ``--plot``), in one more generation."""
+
+
+def _thinned(marks: list[tuple[int, float]], start: float, every: int = 16) -> list[tuple[int, float]]:
+    """``(tokens generated, seconds since start)`` at every ``every``-th mark and the last."""
+    return [(n, at - start) for k, (n, at) in enumerate(marks) if n % every == 0 or k == len(marks) - 1]
 
 
 def run_cell(cell: DecodeCell) -> dict[str, Any]:
@@ -81,33 +98,77 @@ def run_cell(cell: DecodeCell) -> dict[str, Any]:
         out = lm.generate(ids, cell.new_tokens, **options)
         decoded = time.perf_counter()
         again = lm.generate(ids, cell.new_tokens, **options)
-        return {"compile_s": compiled - start, "decode_s": decoded - compiled,
-                "again_s": time.perf_counter() - decoded,
-                "tokens": out.tokens.shape[1] - PROMPT, "tokens_again": again.tokens.shape[1] - PROMPT}
+        result = {"compile_s": compiled - start, "decode_s": decoded - compiled,
+                  "again_s": time.perf_counter() - decoded, "kv_bytes": again.kept_peak_bytes,
+                  "tokens": out.tokens.shape[1] - PROMPT, "tokens_again": again.tokens.shape[1] - PROMPT}
+        if cell.timeline:  # streamed (``on_token``): its first generation compiles the sink's spans
+            marks: list[tuple[int, float]] = []
+            lm.generate(ids, cell.new_tokens, **options, on_token=lambda n, _: None)
+            start = time.perf_counter()
+            lm.generate(ids, cell.new_tokens, **options,
+                        on_token=lambda n, _: marks.append((n + 1, time.perf_counter())))
+            result["timeline"] = _thinned(marks, start)
+        return result
     if cell.system == "jax":
         import tempo_llm
         from benchmarks.baselines import jax_decode
         lm = tempo_llm.load(cell.checkpoint)
-        out = jax_decode.decode(lm.cfg, lm.weights, ids, cell.new_tokens, window)
-        return {"compile_s": out.compile_s, "decode_s": out.decode_s}
+        out = jax_decode.decode(lm.cfg, lm.weights, ids, cell.new_tokens, window,
+                                mark_every=64 if cell.timeline else None)
+        return {"compile_s": out.compile_s, "decode_s": out.decode_s, "kv_bytes": out.kv_bytes,
+                **({"timeline": out.timeline} if cell.timeline else {})}
     return _run_torch(cell, ids)
 
 
 def _run_torch(cell: DecodeCell, ids: Any) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(cell.checkpoint, dtype=torch.float32).eval()
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # (as JAX: its default device)
+    model = AutoModelForCausalLM.from_pretrained(cell.checkpoint, dtype=torch.float32).eval().to(device)
     static = {"cache_implementation": "static"} if cell.system == "torch-static" else {}
-    prompt = torch.tensor(ids)
+    prompt = torch.tensor(ids, device=device)
 
-    def generate(n: int) -> None:
+    def generate(n: int, streamer: Any = None) -> Any:
         with torch.no_grad():
-            model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
-                           pad_token_id=0, **static)
+            return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0, return_dict_in_generate=True,
+                                  streamer=streamer, **static)
     generate(WARMUP_TOKENS)
     start = time.perf_counter()
-    generate(cell.new_tokens)
-    return {"compile_s": None, "decode_s": time.perf_counter() - start}
+    out = generate(cell.new_tokens)
+    result = {"compile_s": None, "decode_s": time.perf_counter() - start,
+              "kv_bytes": _cache_bytes(out.past_key_values)}
+    if cell.timeline:
+        marks = _Marks()
+        start = time.perf_counter()
+        generate(cell.new_tokens, marks)
+        result["timeline"] = _thinned(marks.marks, start)
+    return result
+
+
+class _Marks:
+    """A transformers streamer that notes when each new token arrives (its first call
+    hands in the prompt)."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[int, float]] = []
+        self._calls = 0
+
+    def put(self, value: Any) -> None:
+        if self._calls:
+            self.marks.append((self._calls, time.perf_counter()))
+        self._calls += 1
+
+    def end(self) -> None:
+        pass
+
+
+def _cache_bytes(cache: Any) -> int:
+    """The bytes of a transformers cache's keys and values after a generation."""
+    import torch
+    return sum(x.numel() * x.element_size() for layer in cache.layers
+               for x in (getattr(layer, "keys", None), getattr(layer, "values", None))
+               if isinstance(x, torch.Tensor))
 
 
 def worker(spec: str) -> None:
@@ -116,7 +177,7 @@ def worker(spec: str) -> None:
 
 
 HEADERS = ["system", "attention", "batch", "new tokens", "tokens/s", "tokens/s again", "compile s",
-           "peak RSS MiB", "tokens/s / jax", "again / jax", "RSS / jax"]
+           "peak RSS MiB", "KV MiB", "tokens/s / jax", "again / jax", "RSS / jax"]
 
 
 def table(rows: list[tuple[DecodeCell, dict[str, Any]]], title: str, markdown: bool) -> str:
@@ -137,7 +198,9 @@ def table(rows: list[tuple[DecodeCell, dict[str, Any]]], title: str, markdown: b
         others = cell.system != "jax"
         body.append([system, cell.attention, str(cell.batch), str(cell.new_tokens), fmt(tps, 1),
                      fmt(again, 1) if again else "", fmt(out.get("compile_s")),
-                     fmt(out.get("peak_rss_mb"), 0), ratio(tps, jax_speed) if others else "",
+                     fmt(out.get("peak_rss_mb"), 0),
+                     fmt(out["kv_bytes"] / 2 ** 20, 2) if out.get("kv_bytes") is not None else "",
+                     ratio(tps, jax_speed) if others else "",
                      ratio(again, jax_speed) if others and again else "",
                      ratio(out.get("peak_rss_mb"), jax_rss) if others else ""])
     notes = ["tokens/s: batch x new tokens generated over the generation's wall time (after compiling "
@@ -147,8 +210,45 @@ def table(rows: list[tuple[DecodeCell, dict[str, Any]]], title: str, markdown: b
              "kernels for new shapes during the first).",
              "ratios: over the plain JAX row of the same attention, batch and length; above 1x for "
              "tokens/s Tempo is faster, below 1x for RSS it is smaller.",
-             "peak RSS: ru_maxrss of the cell's process."]
+             "peak RSS: ru_maxrss of the cell's process.",
+             "KV MiB: the keys and values kept after the generation (transformers: its cache's "
+             "tensors; plain JAX: its preallocated cache) or, for Tempo, the most its point stores "
+             "held at once (keys, values and the few other points kept between positions)."]
     return render(title, HEADERS, body, notes, markdown)
+
+
+def plot(rows: list[tuple[DecodeCell, dict[str, Any]]], path: Path, title: str) -> None:
+    """Time per decoding step against position, one panel per attention and batch, at the
+    longest length: each system's timed positions, averaged over bins of at least 64
+    positions (Tempo's streamed tokens reach the host a span of 64 at a time)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    timed = [(c, o["timeline"]) for c, o in rows if o.get("timeline")]
+    if not timed:
+        print("no cell finished with a timeline: nothing to plot")
+        return
+    longest = max(c.new_tokens for c, _ in timed)
+    panels = sorted({(c.attention, c.batch) for c, _ in timed})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (attention, batch) in zip(axes[0], panels):
+        for cell, timeline in timed:
+            if (cell.attention, cell.batch, cell.new_tokens) != (attention, batch, longest):
+                continue
+            n, at = np.asarray(timeline, dtype=float).T
+            edges = np.linspace(0, n[-1], max(2, int(n[-1] // max(64, n[-1] // 32))) + 1)
+            ms = np.diff(np.interp(edges, np.r_[0.0, n], np.r_[0.0, at])) / np.diff(edges) * 1e3
+            label = cell.system if cell.decoding == "greedy" else f"{cell.system} ({cell.decoding})"
+            ax.stairs(ms, PROMPT + edges, label=label, linewidth=1.5)
+        ax.set(title=f"{attention}, batch {batch}, {longest} new tokens", xlabel="position",
+               ylabel="ms per step (the whole batch)", yscale="log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="Tempo's decodings (the baselines: greedy only)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (default 900)")
     p.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="time each position in one more generation per cell and plot time per step "
+                        "against position at the longest length (a PNG)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -184,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
                     for system in args.systems:
                         for decoding in args.decoding if system.startswith("tempo") else ["greedy"]:
                             cell = DecodeCell(system, attention, batch, length, str(paths[attention]),
-                                              args.window, decoding)
+                                              args.window, decoding, args.plot is not None)
                             print(f"... {system} ({decoding}), {attention}, batch {batch}, {length} tokens",
                                   flush=True)
                             rows.append((cell, run_worker(Path(__file__).resolve(), json.dumps(asdict(cell)),
@@ -194,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows, title, markdown=False))
     if args.markdown:
         args.markdown.write_text(table(rows, title, markdown=True) + "\n")
+    if args.plot:
+        plot(rows, args.plot, title)
     print(f"total wall time: {time.perf_counter() - started:.0f} s")
 
 

@@ -38,8 +38,12 @@ class Generation:
     logits: np.ndarray | None = None
     """``(B, N, vocab)``: the logits each generated token was chosen from, when asked."""
     store_peak_bytes: int = 0
-    """The most bytes the program's stores held at once (keys, values and the other points
-    kept between positions; ``tempo.runtime.stores.MemoryStats``)."""
+    """The most bytes the program's stores held at once: the weights, keys, values and the
+    other points kept between positions (``tempo.runtime.stores.MemoryStats``)."""
+    kept_peak_bytes: int = 0
+    """Of those, without the weights: the most bytes of points over the positions held at
+    once (keys, values and the few other points kept between positions;
+    ``MemoryStats.over_dims``)."""
 
 
 @dataclass
@@ -94,7 +98,8 @@ class LanguageModel:
             lengths = np.where(ended.any(1), ended.argmax(1) + 1, generated.shape[1])
         logits = out["logits"][:, P - 1:] if return_logits else None
         stats = self._program(request)[0].stats
-        return Generation(tokens, lengths, logits, stats.peak_device_bytes + stats.peak_host_bytes)
+        return Generation(tokens, lengths, logits, stats.peak_device_bytes + stats.peak_host_bytes,
+                          stats.over_dims.run_peak)
 
     def compile_generation(self, ids: np.ndarray, max_new_tokens: int, **options: Any) -> None:
         """Compile what ``generate`` with these arguments runs, without running it (to time

@@ -7,6 +7,7 @@ same numpy arrays ``tempo_llm`` loads."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -22,23 +23,47 @@ class DecodeResult:
     """``(B, P + N)``."""
     compile_s: float
     decode_s: float
+    kv_bytes: int
+    """The preallocated key/value cache's bytes."""
+    timeline: list[tuple[int, float]] | None = None
+    """With ``mark_every``: ``(tokens generated, seconds since the generation started)``
+    every ``mark_every`` positions, from a second run of a program that calls back to the
+    host there (the timed run has no callbacks)."""
 
 
 def decode(cfg: LlamaConfig, weights: dict[str, np.ndarray], ids: np.ndarray, new: int,
-           window: int | None = None) -> DecodeResult:
+           window: int | None = None, mark_every: int | None = None) -> DecodeResult:
     """``new`` greedy tokens after ``ids`` (``(B, P)``); ``window``: sliding-window attention."""
     B, P = ids.shape
     total = P + new - 1  # positions whose logits are needed
     params = jax.tree_util.tree_map(jnp.asarray, _params(cfg, weights))
-    run = jax.jit(lambda p, prompt: _generate(cfg, p, prompt, P, total, window))
     prompt = jnp.asarray(np.pad(ids, ((0, 0), (0, total - P))), jnp.int32)
     start = time.perf_counter()
+    run = jax.jit(lambda p, prompt: _generate(cfg, p, prompt, P, total, window))
     compiled = run.lower(params, prompt).compile()
     compiled_at = time.perf_counter()
     chosen = np.asarray(jax.block_until_ready(compiled(params, prompt)))
     done = time.perf_counter()
     tokens = np.concatenate([ids, chosen[:, P - 1:]], axis=1)
-    return DecodeResult(tokens, compiled_at - start, done - compiled_at)
+    kv_bytes = 4 * 2 * cfg.num_hidden_layers * B * cfg.num_key_value_heads * total * cfg.head_dim
+    timeline = None if mark_every is None else _timeline(cfg, params, prompt, P, total, window, mark_every)
+    return DecodeResult(tokens, compiled_at - start, done - compiled_at, kv_bytes, timeline)
+
+
+def _timeline(cfg: LlamaConfig, params: dict, prompt: jax.Array, P: int, total: int, window: int | None,
+              every: int) -> list[tuple[int, float]]:
+    """When each ``every``-th position was reached, in a run that calls back to the host there."""
+    marks: list[tuple[int, float]] = []
+
+    def mark(t: jax.Array) -> None:
+        marks.append((int(t) - (P - 1), time.perf_counter()))
+    run = jax.jit(lambda p, prompt: _generate(cfg, p, prompt, P, total, window, (every, mark)))
+    jax.block_until_ready(run(params, prompt))  # (compiles)
+    marks.clear()
+    start = time.perf_counter()
+    jax.block_until_ready(run(params, prompt))
+    end = time.perf_counter()
+    return [(n, at - start) for n, at in marks if n >= 0] + [(total - P + 1, end - start)]
 
 
 def _params(cfg: LlamaConfig, w: dict[str, np.ndarray]) -> dict:
@@ -63,9 +88,10 @@ def _rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def _generate(cfg: LlamaConfig, p: dict, prompt: jax.Array, prompt_length: int, total: int,
-              window: int | None) -> jax.Array:
+              window: int | None, marker: tuple[int, Callable] | None = None) -> jax.Array:
     """The token chosen at each of ``total`` positions (``(B, total)``), the prompt's
-    tokens fed in at the first ``prompt_length``."""
+    tokens fed in at the first ``prompt_length``; ``marker`` ``(every, fn)``: ``fn(t)`` on
+    the host once position ``t`` is done, every ``every`` positions."""
     B = prompt.shape[0]
     L, kv, d = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
     cache = jnp.zeros((L, 2, B, kv, total, d), jnp.float32)
@@ -96,6 +122,10 @@ def _generate(cfg: LlamaConfig, p: dict, prompt: jax.Array, prompt_length: int, 
             x = x + (jax.nn.silu(gate) * up) @ layer["mlp.down_proj.weight"]
         logits = _rms(x, p["norm"], cfg.rms_norm_eps) @ p["head"]
         chosen = logits.argmax(-1).astype(jnp.int32)
+        if marker is not None:
+            every, fn = marker
+            jax.lax.cond((t + 1 - prompt_length) % every == 0,
+                         lambda: jax.debug.callback(fn, t), lambda: None)
         return (cache, chosen), chosen
 
     _, chosen = jax.lax.scan(step, (cache, jnp.zeros(B, jnp.int32)), positions)

@@ -30,6 +30,7 @@ from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile, XlaCompiles
 from tempo.runtime.stores import (
     BlockStore,
+    CountedTwice,
     DeviceBuffers,
     HostBuffers,
     MemoryStats,
@@ -396,8 +397,10 @@ def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, S
     for op in graph.ops.values():
         for k in range(len(op.outputs)):
             readers = [e for e in consumers[op.id] if e.src_out == k]
-            stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats,
-                                            op.id in swapped, windows.get((op.id, k)), on_device)
+            store = stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats,
+                                                    op.id in swapped, windows.get((op.id, k)), on_device)
+            if op.domain:
+                store.bytes = CountedTwice(store.bytes, stats.over_dims)
     return stores
 
 

@@ -62,6 +62,9 @@ class MemoryStats:
     split: Bytes = field(default_factory=Bytes)
     """Of the device bytes, those of values split over several devices (a program over a
     mesh, ``SplitPointStore``): with a parallel dim split evenly, most of them."""
+    over_dims: Bytes = field(default_factory=Bytes)
+    """Of the device and host bytes, those of ops with a domain: the points a run keeps
+    between iterations (a decoder's keys and values), without parameters and constants."""
 
     @property
     def device_bytes(self) -> int:
@@ -83,6 +86,38 @@ class MemoryStats:
         """Peak device and host bytes since the previous call (or the run's start); the
         next window begins now (a training run's metrics give each iteration's peaks)."""
         return self.device.restart(), self.host.restart()
+
+
+class CountedTwice:
+    """A store's byte counter that also counts in a second one (``MemoryStats.over_dims``):
+    stores ``add`` to it, or set ``now`` and ``peak``."""
+
+    def __init__(self, total: Bytes, part: Bytes):
+        self.total, self.part = total, part
+
+    def add(self, nbytes: int) -> None:
+        self.total.add(nbytes)
+        self.part.add(nbytes)
+
+    @property
+    def now(self) -> int:
+        return self.total.now
+
+    @now.setter
+    def now(self, value: int) -> None:
+        part = self.part
+        part.now += value - self.total.now
+        if part.now > part.peak:
+            part.peak = part.now
+        self.total.now = value
+
+    @property
+    def peak(self) -> int:
+        return self.total.peak
+
+    @peak.setter
+    def peak(self, value: int) -> None:
+        self.total.peak = value
 
 
 class _Points(dict):
