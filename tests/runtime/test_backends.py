@@ -215,3 +215,21 @@ def test_kernels_compiled_ahead_are_the_programs_their_launches_run(monkeypatch,
         {exe.graph.ops[op_id].name: calls for op_id, calls in launched.items()}
     if memory is not None:
         assert exe.stats.donated > 0
+
+
+def test_float32_contractions_are_lowered_at_float32_precision():
+    """Kernels' matrix products ask XLA for float32 precision (on a GPU JAX's default
+    rounds their inputs to TensorFloat-32; on this CPU both are float32, so the lowered
+    program is what can be checked): the kernels of ``matmul`` and of ``discounted_sum``
+    (a tensordot), traced with the backend's namespace."""
+    import jax
+    import jax.numpy as jnp
+
+    from tempo.ir.ops import op_def
+    from tempo.runtime.backends import JaxBackend
+    xp = JaxBackend().xp
+    a = jnp.ones((3, 4), jnp.float32)
+    kernels = {"matmul": (lambda x: op_def("matmul").kernel(xp, {}, x, x.T)),
+               "discounted_sum": (lambda x: op_def("discounted_sum").kernel(xp, {"dim": 0, "gamma": 0.9}, x))}
+    for kind, kernel in kernels.items():
+        assert "precision = [HIGHEST, HIGHEST]" in jax.jit(kernel).lower(a).as_text(), kind
