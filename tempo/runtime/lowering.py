@@ -62,7 +62,8 @@ runs ends at a multiple of ``SINK_SPAN`` (or of the largest power of two below i
 ``max_stacked_mb`` allows), the next one or, where that would leave fewer than
 ``MIN_SPAN`` iterations, the one after (a span's length is part of its program: spans
 mostly have one length), so that sinks lag by two spans at most, and a stop
-(``tp.stop_when``) wastes two spans' work at most (the run's outputs end at the stop)."""
+(``tp.stop_when``) wastes two spans' work at most (the run's outputs end at the stop). On
+an accelerator every span ends so (``SINK_SPAN`` says why)."""
 
 from __future__ import annotations
 
@@ -96,7 +97,10 @@ TIMED_ENTRIES = 2
 """Entries of each form ``timed`` times; the fastest counts."""
 SINK_SPAN = 64
 """Where a sink runs, spans end at multiples of this many iterations (or of a smaller
-power of two, ``_sink_cap``): the sinks are called after each span."""
+power of two, ``_sink_cap``): the sinks are called after each span. On an accelerator
+every span does: on an H200 (2026-11-27, greedy decoding of 8K tokens, small config) spans
+of 64 iterations ran a generation in 1.3 s at batch 1 and 2.2 s at batch 8, spans as long
+as the stacked outputs allowed (about 1,400) in 4.9-6.0 s and 5.3-5.8 s."""
 
 
 @dataclass
@@ -557,13 +561,13 @@ class LoopLauncher:
         lasts while no host op or inner loop runs (``apart``), its outputs stacked stay
         within ``max_stacked_mb``, and every block kernel can run there as one scan
         (``_kernel_part``); one shorter than ``MIN_SPAN`` iterations is interpreted. Where
-        sinks run (``sinks_at``), a span also ends at the next multiple of its ``cap``
-        (``_sink_cap``), or at the one after where the first would leave it shorter than
-        ``MIN_SPAN``."""
+        sinks run (``sinks_at``), and everywhere on an accelerator (``SINK_SPAN``), a span
+        also ends at the next multiple of its ``cap`` (``_sink_cap``), or at the one after
+        where the first would leave it shorter than ``MIN_SPAN``."""
         stop = n + int(np.argmax(apart[n:])) if apart[n:].any() else trips
         most = self._most_stacked(n, stop, instances)
         cap = None
-        if sinks_at is not None and sinks_at[n:min(stop, n + most)].any():
+        if not self.backend.on_cpu or sinks_at is not None and sinks_at[n:min(stop, n + most)].any():
             cap = _sink_cap(most)
             stop = min(stop, n + _sink_span(n, cap, most))
         stop = min(stop, n + most)

@@ -276,3 +276,20 @@ def test_the_profile_times_each_scan_of_a_loop_in_spans():
     (name,) = [name for name, c in exe.loop_choices.items() if c.form == "spans"]
     row = profile.ops[("loop", name)]
     assert row.calls == exe.loop_choices[name].scans == 5 and row.seconds > 0
+
+
+def test_spans_on_an_accelerator_end_at_multiples_of_the_sink_span():
+    """On an accelerator (the backend told it is not on a CPU), a loop without sinks has
+    its spans cut as where sinks run: at multiples of ``SINK_SPAN``, all one program;
+    the values are the reference's. On this CPU the same loop runs in a single span."""
+    from tempo.runtime.lowering import SINK_SPAN
+    length = 4 * SINK_SPAN
+    scans = {}
+    for on_cpu in (True, False):
+        ctx, bounds, s = _attention(length, window=4)
+        exe = ctx.compile(bounds, [s], backend="jax")
+        exe.backend.on_cpu = on_cpu
+        got = exe.run()[s]
+        np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+        scans[on_cpu] = _spans(exe).scans
+    assert scans == {True: 1, False: 4}
