@@ -165,8 +165,8 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
         outputs: Sequence[tuple[Sequence[int], Any]] = (),
         domain: Sequence[Symbol] = (), name: str | None = None,
         pass_point: bool = False, when: Any = True,
-        traceable: bool = False, batched: Callable[..., Any] | None = None
-        ) -> tuple[RecurrentTensor, ...]:
+        traceable: bool = False, batched: Callable[..., Any] | None = None,
+        own_rows: bool = False) -> tuple[RecurrentTensor, ...]:
     """Call a host function once at every point of the domain (in schedule order).
 
     ``fn`` receives the inputs as NumPy arrays (and the point as ``{dim name: int}``
@@ -183,14 +183,22 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
     for every point of that dim at once when it has a ``batched`` form: the same function
     over inputs and outputs with a leading axis of the dim's size (inputs without the dim
     unchanged; the point, when passed, without the dim). A UDF over two parallel dims
-    keeps its loops. A traceable UDF needs none: it is ``jax.vmap``-ed.
+    keeps its loops. A traceable UDF needs none: it is ``jax.vmap``-ed. Where the
+    parallel dim is split over the devices of several processes (``tp.Distribution``
+    over several hosts), every process calls ``batched`` with every row, gathered; with
+    ``own_rows``, each calls it with the rows its own devices hold (the point then maps
+    the dim's name to their indices) and returns those rows: host envs stepped by the host
+    of their shard.
     """
     if traceable:
         if batched is not None:
             raise UDFError("a traceable UDF is vmapped over parallel dims; it takes no `batched`",
                            user_site())
         return _traced_udf(fn, inputs, outputs, domain, name, pass_point, when)
+    if own_rows and batched is None:
+        raise UDFError("own_rows is about a UDF's batched form; give it one (batched=...)", user_site())
     ctx, op = _host_udf(fn, inputs, outputs, domain, name, pass_point, when, batched)
+    op.params["own_rows"] = own_rows
     return tuple(RecurrentTensor(ctx, op, k) for k in range(len(op.outputs)))
 
 
@@ -301,6 +309,8 @@ def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, s
     def call(point: dict[Symbol, int], *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
         args = ({s.name: v for s, v in point.items() if s.kind == "dim"}, *inputs) \
             if pass_point else inputs
+        rows = next((len(v) for v in point.values() if isinstance(v, np.ndarray)), None)  # (a
+        # batched form called with this process's rows of a dim split over processes)
         try:
             result = fn(*args)
         except Exception as err:
@@ -316,13 +326,16 @@ def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, s
         if len(values) != len(out_types):
             raise UDFError(f"UDF {label} returned {len(values)} values, declared {len(out_types)}",
                            site)
-        return tuple(_conform(v, t, label, site) for v, t in zip(values, out_types))
+        return tuple(_conform(v, t, label, site, rows) for v, t in zip(values, out_types))
     return call
 
 
-def _conform(value: Any, t: TensorType, label: str, site: Any) -> np.ndarray:
+def _conform(value: Any, t: TensorType, label: str, site: Any, rows: int | None = None) -> np.ndarray:
+    """``value`` as declared (``rows``: with that many rows instead of its first axis's)."""
     array = np.asarray(value)
     shape = tuple(d.value for d in t.shape)
+    if rows is not None:
+        shape = (rows, *shape[1:])
     if array.shape != shape:
         hint = " (return the array itself, not a 1-tuple)" if isinstance(value, tuple) else ""
         raise UDFError(f"UDF {label} returned shape {array.shape}, declared {shape}{hint}", site)

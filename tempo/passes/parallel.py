@@ -19,7 +19,10 @@ The forms:
   draws, in one encryption (``tempo.ir.random``);
 - ``eval_symbol(b)``: ``arange(B)``;
 - traceable UDFs: ``jax.vmap`` of the function (rows mapped, other inputs shared);
-- host UDFs over one parallel dim: their ``batched`` function, called once with every row;
+- host UDFs over one parallel dim: their ``batched`` function, called once with every row
+  (with ``own_rows``, ``rows_of`` names the dim and its size and ``row_inputs`` the inputs
+  that hold its rows: where the dim is split over several processes, each calls it with
+  its own rows);
 - reader sums (gradients): the same sums with a leading axis kept whole, or summed where
   every ``b`` read one point; a matmul read only by such sums (a shared weight's
   ``x^T g``) contracts over the dim instead.
@@ -235,7 +238,8 @@ def _udf(at: _Site) -> Rule | None:
     if p.get("batched") is None or at.other_parallel:
         return None
     out_types = at.stacked_outputs(p["out_types"])
-    return Rule({"call": p["batched"](out_types), "out_types": out_types}, at.unpadded)
+    own = {"rows_of": (at.dim.name, at.size), "row_inputs": tuple(at.rows)} if p.get("own_rows") else {}
+    return Rule({"call": p["batched"](out_types), "out_types": out_types, **own}, at.unpadded)
 
 
 def _sum_readers(at: _Site) -> Rule | None:

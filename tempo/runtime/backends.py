@@ -55,6 +55,12 @@ class Backend(Protocol):
     def to_host(self, value: Any) -> np.ndarray:
         ...
 
+    def process_rows(self, dim: str, size: int) -> tuple[int, int] | None:
+        """The rows ``lo .. hi - 1`` of ``size`` that this process's devices hold of a value
+        split along ``dim`` over a mesh of several processes; None where every process
+        holds (or gathers) every row."""
+        ...
+
     def check_dtype(self, op: Op) -> None:
         """An error if ``op``'s dtypes are not supported here."""
         ...
@@ -108,6 +114,9 @@ class NumpyBackend:
 
     def to_host(self, value: Any) -> np.ndarray:
         return np.asarray(value)
+
+    def process_rows(self, dim: str, size: int) -> None:
+        return None
 
     def check_dtype(self, op: Op) -> None:
         """Every dtype runs on NumPy."""
@@ -166,6 +175,7 @@ class JaxBackend:
         self.xp = XlaNamespace(jax, jnp, self.on_cpu, mesh)
         """The array module kernels are traced with."""
         self._many_processes = jax.process_count() > 1
+        self._process_rows: dict[tuple[str, int], tuple[int, int]] = {}
         self.one_at_a_time = self.on_cpu and mesh is not None and mesh.size > 1
         """A program holding a collective returns once its outputs are computed. Over
         several CPU devices, XLA runs each device's part of a program on a shared thread
@@ -400,6 +410,43 @@ class JaxBackend:
             from jax.experimental import multihost_utils
             return np.asarray(multihost_utils.process_allgather(value, tiled=True))
         return np.asarray(value)
+
+    def process_rows(self, dim: str, size: int) -> tuple[int, int] | None:
+        if not self._many_processes or self.mesh is None or tuple(self.mesh.axis_names) != (dim,):
+            return None
+        if (dim, size) not in self._process_rows:
+            from jax.sharding import NamedSharding, PartitionSpec
+            held = NamedSharding(self.mesh, PartitionSpec(dim)).addressable_devices_indices_map((size,))
+            spans = sorted({index[0].indices(size)[:2] for index in held.values()})
+            lo, hi = spans[0][0], spans[-1][1]
+            if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+                raise TempoError(f"this process's devices hold rows {spans} of {dim}, not one run of "
+                                 f"rows: order the mesh's devices by process")
+            self._process_rows[(dim, size)] = (lo, hi)
+        return self._process_rows[(dim, size)]
+
+    def local_rows(self, value: Any, rows: tuple[int, int]) -> np.ndarray:
+        """Rows ``lo .. hi - 1`` of ``value`` (along its first axis) on the host, from this
+        process's devices: the shards of a split value, a replica, or a host array."""
+        lo, hi = rows
+        if not isinstance(value, self.jax.Array) or value.is_fully_addressable:
+            return np.asarray(value)[lo:hi]
+        parts, at = [], lo
+        shards = [(s.index[0].indices(value.shape[0])[:2] if s.index else (0, value.shape[0]), s)
+                  for s in value.addressable_shards]
+        while at < hi:
+            start, stop, shard = next((a, b, s) for (a, b), s in shards if a <= at < b)
+            parts.append(np.asarray(shard.data)[at - start:min(stop, hi) - start])
+            at = min(stop, hi)
+        return np.concatenate(parts)
+
+    def from_local_rows(self, value: np.ndarray, dim: str, size: int) -> Any:
+        """A value split along ``dim`` over the mesh whose rows ``process_rows`` are
+        ``value``: each process hands in its own."""
+        from jax.sharding import NamedSharding, PartitionSpec
+        value = np.asarray(value)
+        split = NamedSharding(self.mesh, PartitionSpec(dim))
+        return self.jax.make_array_from_process_local_data(split, value, (size, *value.shape[1:]))
 
     def view_of_host(self, rows: np.ndarray) -> Any:
         """Rows of a block store's host buffer as kernels read them. On CPU a large

@@ -592,12 +592,39 @@ def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Sym
     kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
     to_host, from_host, domain = backend.to_host, backend.from_host, op.domain
     shifted, offsets = _host_view(op, bounds, shift)
+    dim, size = params.get("rows_of") or (None, 0)
+    rows = backend.process_rows(dim, size) if dim is not None else None
+    if rows is not None:  # a batched UDF over a dim split over processes: this process's rows
+        return _own_rows_launcher(op, reads, writes, backend, shifted, offsets, rows)
 
     def launch(point: tuple[int, ...]) -> None:
         env = {**shifted, **{d: p + k for d, p, k in zip(domain, point, offsets)}}
         outs = kernel(params, env, *(to_host(read(phi(*point))) for read, phi in reads))
         for write, value in zip(writes, outs if multi else (outs,)):
             write(point, from_host(value))
+    return launch
+
+
+def _own_rows_launcher(op: Op, reads: list, writes: list[Callable], backend: Backend, shifted: dict,
+                       offsets: list[int], rows: tuple[int, int]) -> Launcher:
+    """A host UDF's batched form over a dim split over several processes, called in each
+    with the rows its devices hold (``Backend.process_rows``): its inputs' rows of the dim
+    (``row_inputs``; the others whole), and its point holding the dim's indices of those
+    rows (``{dim name: array}``). Its outputs are those rows, which make the value split
+    over the mesh with the other processes' (the hosts' envs are stepped once, each by its
+    own host)."""
+    params, multi = op.params, op.definition.multi_output
+    dim, size = params["rows_of"]
+    inputs = [(read, phi, own) for (read, phi), own in zip(reads, params["row_inputs"])]
+    indices = np.arange(*rows)
+
+    def launch(point: tuple[int, ...]) -> None:
+        env = {**shifted, Symbol(dim): indices, **{d: p + k for d, p, k in zip(op.domain, point, offsets)}}
+        values = [backend.local_rows(read(phi(*point)), rows) if own else backend.to_host(read(phi(*point)))
+                  for read, phi, own in inputs]
+        outs = op.definition.kernel(params, env, *values)
+        for write, value in zip(writes, outs if multi else (outs,)):
+            write(point, backend.from_local_rows(value, dim, size))
     return launch
 
 

@@ -46,12 +46,13 @@ class EpisodeStats:
         self.running_return = np.zeros(num_envs)
         self.running_length = np.zeros(num_envs, np.int64)
 
-    def record(self, reward: np.ndarray, done: np.ndarray) -> None:
-        """One step of every env."""
-        self.running_return += reward
-        self.running_length += 1
-        for k in np.flatnonzero(done):
-            self._finish(k)
+    def record(self, reward: np.ndarray, done: np.ndarray, envs: np.ndarray | None = None) -> None:
+        """One step of every env, or of ``envs`` (indices; ``reward`` and ``done`` theirs)."""
+        at = slice(None) if envs is None else envs
+        self.running_return[at] += reward
+        self.running_length[at] += 1
+        for n in np.flatnonzero(done):
+            self._finish(int(n if envs is None else envs[n]))
 
     def record_env(self, k: int, reward: np.ndarray, done: np.ndarray) -> None:
         """Steps of env ``k`` (scalars, or one iteration's ``(T,)`` arrays)."""
@@ -198,7 +199,7 @@ class EnvBase:
         ``point`` (a UDF's point: of one env when it has the env dim, else of all)."""
         iteration = point[self._iteration_dim]
         k = point.get(self._env_dim)
-        if k is None:
+        if k is None or isinstance(k, np.ndarray):  # all envs, or this process's (``own_rows``)
             self.snapshots.keep(iteration, {**state, **self.stats.in_progress(), **self.stats.finished()})
         else:
             self.snapshots.keep_env(iteration, k, self.num_envs, {**state, **self.stats.in_progress(k)},
@@ -217,14 +218,18 @@ class EnvBase:
 
     def _env_udf(self, fn: Callable[..., tuple], inputs: list[RecurrentTensor],
                  outputs: list[tuple[tuple[int, ...], str]], name: str, domain: tuple = (),
-                 batched: Callable[..., tuple] | None = None) -> tuple[RecurrentTensor, ...]:
+                 batched: Callable[..., tuple] | None = None, own_rows: bool = False
+                 ) -> tuple[RecurrentTensor, ...]:
         """A host UDF over the env dim: ``fn(point, *inputs)`` for one env (``point[b]``),
-        and for all at once ``batched`` (by default ``fn`` env by env, stacked)."""
-        def every(point: dict[str, int], *xs: np.ndarray) -> tuple:
-            outs = [fn({**point, self._env_dim: k}, *(x[k] for x in xs)) for k in range(self.num_envs)]
+        and for all at once ``batched`` (by default ``fn`` env by env, stacked). With
+        ``own_rows``, over several hosts each calls ``batched`` for its own envs (whose
+        indices ``point[b]`` then holds; ``tp.udf``)."""
+        def every(point: dict[str, Any], *xs: np.ndarray) -> tuple:
+            envs = point.get(self._env_dim, range(self.num_envs))
+            outs = [fn({**point, self._env_dim: int(k)}, *(x[n] for x in xs)) for n, k in enumerate(envs)]
             return tuple(np.stack(column) for column in zip(*outs))
         return tp.udf(_unwrapped(fn, len(outputs)), inputs, outputs, domain=domain, name=name,
-                      pass_point=True, batched=_unwrapped(batched or every, len(outputs)))
+                      pass_point=True, batched=_unwrapped(batched or every, len(outputs)), own_rows=own_rows)
 
 
 class Env(Protocol):

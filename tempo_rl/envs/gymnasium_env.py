@@ -10,6 +10,11 @@ dependences alone. Episodes end inside a rollout: ``terminated`` and ``truncated
 kept apart, the final observation of a finished episode is returned for bootstrapping,
 and the env is reset in the same step. Between iterations the envs' state is kept
 (``snapshot``) so that checkpoints resume exactly (``restore``).
+
+An env is made when first stepped. Over several hosts (``distributed=data`` with
+``num_processes``) each process makes and steps only the envs of its own devices' shard
+of ``b`` (the UDFs' ``own_rows``), and its checkpoint holds their state
+(``env_indices``): each process resumes from its own.
 """
 
 from __future__ import annotations
@@ -32,21 +37,31 @@ class GymnasiumEnv(EnvBase):
     def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0):
         super().__init__(num_envs)
         self.env_id, self.num_envs, self.seed = env_id, num_envs, seed
-        self.envs = [gym.make(env_id) for _ in range(num_envs)]
-        space = self.envs[0].observation_space
-        self.obs_shape = tuple(space.shape)
-        self.action_space = self.envs[0].action_space
+        self.envs: dict[int, gym.Env] = {}
+        """The envs made so far, by index (``env``)."""
+        probe = gym.make(env_id)
+        self.obs_shape = tuple(probe.observation_space.shape)
+        self.action_space = probe.action_space
+        probe.close()
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self.num_actions = int(self.action_space.n) if self.discrete else None
         self.action_shape = () if self.discrete else tuple(self.action_space.shape)
-        self._restored_obs: np.ndarray | None = None
+        self._restored_obs: dict[int, np.ndarray] | None = None
+
+    def env(self, k: int) -> gym.Env:
+        """Env ``k``, made when first asked for."""
+        if k not in self.envs:
+            if not 0 <= k < self.num_envs:
+                raise IndexError(f"env {k} of {self.num_envs}")
+            self.envs[k] = gym.make(self.env_id)
+        return self.envs[k]
 
     # ---- host side, one env --------------------------------------------------------
     def _reset(self, point: dict[str, int]) -> tuple[np.ndarray]:
         k = point[self._env_dim]
         if self._restored_obs is not None:
             return (self._restored_obs[k],)
-        obs, _ = self.envs[k].reset(seed=self.seed + k)
+        obs, _ = self.env(k).reset(seed=self.seed + k)
         return (obs.astype(np.float32),)
 
     def _step(self, point: dict[str, int], action: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -56,11 +71,14 @@ class GymnasiumEnv(EnvBase):
         return (np.asarray(obs, np.float32), np.float32(reward), np.float32(terminated),
                 np.float32(truncated), np.asarray(final, np.float32))
 
-    def _step_all(self, point: dict[str, int], actions: np.ndarray) -> tuple[np.ndarray, ...]:
-        steps = [self._step_env(k, action) for k, action in enumerate(actions)]
+    def _step_all(self, point: dict[str, Any], actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Every env's step, or (``own_rows``) those of ``point[b]``."""
+        envs = point.get(self._env_dim)
+        steps = [self._step_env(int(k), action)
+                 for k, action in zip(range(self.num_envs) if envs is None else envs, actions)]
         obs, reward, terminated, truncated, final = zip(*steps)
         reward, terminated, truncated = (np.asarray(x, np.float32) for x in (reward, terminated, truncated))
-        self.stats.record(reward, np.maximum(terminated, truncated))
+        self.stats.record(reward, np.maximum(terminated, truncated), envs)
         return (np.asarray(obs, np.float32), reward, terminated, truncated, np.asarray(final, np.float32))
 
     def _step_env(self, k: int, action: np.ndarray) -> tuple:
@@ -69,32 +87,38 @@ class GymnasiumEnv(EnvBase):
             action = int(action)
         else:  # the policy's Gaussian is unbounded; the env takes actions in its box
             action = np.clip(action, self.action_space.low, self.action_space.high)
-        obs, reward, terminated, truncated, _ = self.envs[k].step(action)
+        obs, reward, terminated, truncated, _ = self.env(k).step(action)
         final = obs
         if terminated or truncated:
-            obs, _ = self.envs[k].reset()
+            obs, _ = self.env(k).reset()
         return obs, reward, terminated, truncated, final
 
     # ---- checkpoints -------------------------------------------------------------------
-    def _carry(self, point: dict[str, int], last_obs: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    def _carry(self, point: dict[str, Any], last_obs: np.ndarray) -> tuple[np.ndarray, np.float32]:
         """Between iterations: keep the state the next iteration starts from (each env's
-        as JSON under ``env<k>``, see ``gym_state``)."""
+        as JSON under ``env<k>``, see ``gym_state``; with ``own_rows``, this process's
+        envs, whose indices ``env_indices`` lists)."""
         k = point.get(self._env_dim)
-        envs = dict(enumerate(self.envs)) if k is None else {k: self.envs[k]}
-        state = {f"env{n}": json_array(gym_state.dump(env)) for n, env in envs.items()}
+        own = isinstance(k, np.ndarray)
+        indices = range(self.num_envs) if k is None else k if own else [k]
+        state = {f"env{int(n)}": json_array(gym_state.dump(self.env(int(n)))) for n in indices}
+        if own:
+            state["env_indices"] = np.asarray(k, np.int64)
         iteration = self._keep_snapshot(point, {"obs": last_obs, **state})
-        return last_obs, np.full(np.shape(last_obs)[:1] if k is None else (), iteration, np.float32)
+        return last_obs, np.full(np.shape(last_obs)[:1] if k is None or own else (), iteration, np.float32)
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        envs = [f"env{k}" for k in range(self.num_envs)]
+        indices = [int(k) for k in state.get("env_indices", range(self.num_envs))]
+        envs = [f"env{k}" for k in indices]
         self._restored_stats(state, ("obs", *envs))
         stored = sorted(name for name in state if name.startswith("env") and name[3:].isdigit())
-        if len(stored) != self.num_envs or state["obs"].shape != (self.num_envs, *self.obs_shape):
+        if len(stored) != len(indices) or state["obs"].shape != (len(indices), *self.obs_shape) \
+                or not all(0 <= k < self.num_envs for k in indices):
             raise ValueError(f"the env state holds {len(stored)} envs with observations of shape "
                              f"{state['obs'].shape}; this env has {self.num_envs} of shape {self.obs_shape}")
-        for name, env in zip(envs, self.envs):
-            gym_state.load(env, from_json_array(state[name], f"the env state's {name}"))
-        self._restored_obs = state["obs"].astype(np.float32)
+        for name, k in zip(envs, indices):
+            gym_state.load(self.env(k), from_json_array(state[name], f"the env state's {name}"))
+        self._restored_obs = dict(zip(indices, state["obs"].astype(np.float32)))
 
     # ---- program side ------------------------------------------------------------------
     def rollout(self, policy: Policy, b: Symbol, i: Symbol, t: Symbol, T: Symbol) -> Rollout:
@@ -103,14 +127,14 @@ class GymnasiumEnv(EnvBase):
         self._dims(b, i)
         obs_type = (self.obs_shape, "float32")
         obs = tp.placeholder(shape=self.obs_shape, dtype="float32", domain=(b, i, t))
-        (first,) = self._env_udf(self._reset, [], [obs_type], "env_reset", domain=(b,))
+        (first,) = self._env_udf(self._reset, [], [obs_type], "env_reset", domain=(b,), own_rows=True)
         action, extras = policy(obs)
         scalar = ((), "float32")
         nxt, reward, terminated, truncated, final = self._env_udf(
             self._step, [action], [obs_type, scalar, scalar, scalar, obs_type], "env_step",
-            batched=self._step_all)
+            batched=self._step_all, own_rows=True)
         carried, saved = self._env_udf(self._carry, [nxt[b, i, T - 1]], [obs_type, scalar],
-                                       "env_carry", batched=self._carry)
+                                       "env_carry", batched=self._carry, own_rows=True)
         obs[b, 0, 0] = first
         obs[b, i + 1, 0] = carried
         obs[b, i, t + 1] = nxt

@@ -203,18 +203,19 @@ def test_cli_names_the_mesh(tmp_path):
     assert any("split over devices" in line for line in lines), done.stdout
 
 
-def test_two_processes_train_as_one(tmp_path):
-    """Two processes on this machine (one CPU device each, JAX's gloo collectives between
-    them) joined through the coordinator train PPO on gymnax as one process does on one
-    device: both write the one-device run's checkpoint."""
+def _two_processes(tmp_path: Path, env: str) -> None:
+    """Train ``env`` with ``TINY`` in two processes on this machine (one CPU device each,
+    JAX's gloo collectives between them) joined through the coordinator, each with its
+    own run dir ``process<k>``."""
     port = _unused_port()
-    common = ["scripts/train.py", "env=gymnax_cartpole", *TINY, "progress=false", "cache_dir=off",
+    common = ["scripts/train.py", f"env={env}", *TINY, "progress=false", "cache_dir=off",
               "distributed=data", "distributed.num_processes=2", "distributed.initialization_timeout=60",
               f"distributed.coordinator_address=127.0.0.1:{port}"]
-    env = {**_device_env(1), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+    environ = {**_device_env(1), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
     procs = [subprocess.Popen([sys.executable, *common, f"distributed.process_id={k}",
                                f"hydra.run.dir={tmp_path / f'process{k}'}"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
              for k in range(2)]
     outputs = []
     for proc in procs:
@@ -228,12 +229,76 @@ def test_two_processes_train_as_one(tmp_path):
         assert proc.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
     mesh = "mesh: b over 2 cpu device(s) on 2 host(s)"
     assert any(line.startswith(mesh) for line in outputs[0][0].splitlines()), outputs[0][0]
+
+
+def _assert_same(saved: dict, reference: dict, names: list[str]) -> None:
+    for name in names:
+        if reference[name].dtype.kind == "f":
+            np.testing.assert_allclose(saved[name], reference[name], rtol=1e-5, atol=1e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(saved[name], reference[name], err_msg=name)
+
+
+def test_two_processes_train_as_one(tmp_path):
+    """Two processes train PPO on gymnax as one process does on one device: both write
+    the one-device run's checkpoint (the in-graph envs' state gathered whole)."""
+    _two_processes(tmp_path, "gymnax_cartpole")
     alone = train(config("env=gymnax_cartpole", *TINY, "cache_dir=off"), tmp_path / "alone", progress=False)
     reference = np.load(alone.checkpoint)
     for k in range(2):
         saved = np.load(tmp_path / f"process{k}" / "checkpoints" / "last.npz")
-        for name in (n for n in reference.files if n != CONFIG_KEY):
-            if reference[name].dtype.kind == "f":
-                np.testing.assert_allclose(saved[name], reference[name], rtol=1e-5, atol=1e-5, err_msg=name)
-            else:
-                np.testing.assert_array_equal(saved[name], reference[name], err_msg=name)
+        _assert_same(saved, reference, [n for n in reference.files if n != CONFIG_KEY])
+
+
+def test_two_processes_each_step_their_own_gymnasium_envs(tmp_path):
+    """Gymnasium CartPole over two processes: each makes and steps only the 4 envs of its
+    own device's shard (its checkpoint holds their state, ``env_indices``), and the
+    parameters, optimizer state and those envs' states and observations are the
+    one-device run's."""
+    _two_processes(tmp_path, "cartpole")
+    alone = train(config("env=cartpole", *TINY, "cache_dir=off"), tmp_path / "alone", progress=False)
+    reference = np.load(alone.checkpoint)
+    env = "__env__."
+    shared = [n for n in reference.files if n != CONFIG_KEY and not n.startswith(env)]
+    assert any(n.startswith("param") for n in shared), shared
+    for k in range(2):
+        saved = np.load(tmp_path / f"process{k}" / "checkpoints" / "last.npz")
+        _assert_same(saved, reference, shared)  # parameters, optimizer state, iteration
+        own = list(range(4 * k, 4 * k + 4))
+        np.testing.assert_array_equal(saved[env + "env_indices"], own)
+        held = sorted(n for n in saved.files if n.startswith(env + "env") and n[len(env) + 3:].isdigit())
+        assert held == sorted(f"{env}env{j}" for j in own), held  # made and stepped only its own
+        for j in own:
+            np.testing.assert_array_equal(saved[f"{env}env{j}"], reference[f"{env}env{j}"])
+        np.testing.assert_allclose(saved[env + "obs"], reference[env + "obs"][own], rtol=1e-6)
+        for name in ("running_return", "running_length"):  # its own envs' episodes under way
+            np.testing.assert_allclose(saved[env + name][own], reference[env + name][own], rtol=1e-6)
+
+
+def test_a_gymnasium_env_steps_saves_and_restores_only_the_rows_it_is_given():
+    """The host side of ``own_rows``, in this process: called with env indices 4-7 of 8,
+    a gymnasium env makes and steps only those (the same steps as a whole env's envs 4-7),
+    its snapshot holds their state and ``env_indices``, and a fresh env restored from it
+    makes only those envs and resets them to the saved observations."""
+    from tempo_rl.envs import GymnasiumEnv
+    own = np.arange(4, 8)
+    part, whole = GymnasiumEnv("CartPole-v1", 8, seed=3), GymnasiumEnv("CartPole-v1", 8, seed=3)
+    first = np.stack([part._reset({"b": int(k)})[0] for k in own])
+    np.testing.assert_array_equal(first, np.stack([whole._reset({"b": k})[0] for k in range(8)])[own])
+    actions = np.array([0, 1, 1, 0, 1, 0, 0, 1])
+    for _ in range(30):  # (long enough for some episodes to end and reset)
+        ours = part._step_all({"i": 0, "t": 0, "b": own}, actions[own])
+        theirs = whole._step_all({"i": 0, "t": 0}, actions)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_array_equal(a, b[own])
+    assert sorted(part.envs) == own.tolist()
+    part._carry({"i": 0, "b": own}, ours[0])
+    saved = part.snapshot(0)
+    np.testing.assert_array_equal(saved["env_indices"], own)
+    assert sorted(n for n in saved if n.startswith("env") and n[3:].isdigit()) == [f"env{k}" for k in own]
+    fresh = GymnasiumEnv("CartPole-v1", 8, seed=99)
+    fresh.restore(saved)
+    assert sorted(fresh.envs) == own.tolist()
+    np.testing.assert_array_equal(np.stack([fresh._reset({"b": int(k)})[0] for k in own]), ours[0])
+    after = fresh._step_all({"i": 1, "t": 0, "b": own}, actions[own])
+    np.testing.assert_array_equal(after[0], part._step_all({"i": 1, "t": 0, "b": own}, actions[own])[0])
