@@ -55,7 +55,10 @@ class Decoder:
 
     def _w(self, name: str, transpose: bool = False) -> RecurrentTensor:
         value = self.weights[name]
-        return tp.const(np.ascontiguousarray(value.T) if transpose else value)
+        if transpose:  # (read-only, as the loaded weights: the JAX backend then keeps it without a copy)
+            value = np.ascontiguousarray(value.T)
+            value.setflags(write=False)
+        return tp.const(value)
 
     def logits(self, tokens: RecurrentTensor, t: Symbol, attention: Attention) -> RecurrentTensor:
         """Next-token logits ``(B, vocab)`` at position ``t`` of ``tokens`` (``(B,)`` ints

@@ -40,7 +40,7 @@ def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_weights(directory: str | Path, cfg: LlamaConfig) -> dict[str, np.ndarray]:
-    """The tensors of ``expected_shapes(cfg)`` from ``directory``, as float32."""
+    """The tensors of ``expected_shapes(cfg)`` from ``directory``, as read-only float32 arrays."""
     directory = Path(directory)
     files = _weight_files(directory)
     wanted = expected_shapes(cfg)
@@ -53,6 +53,7 @@ def load_weights(directory: str | Path, cfg: LlamaConfig) -> dict[str, np.ndarra
         with safe_open(str(file), framework="numpy") as f:
             for name in names & wanted.keys():
                 out[name] = _float32(f, name, file)
+                out[name].setflags(write=False)  # (so that the JAX backend need not copy them)
     missing = sorted(wanted.keys() - out.keys())
     if missing:
         raise CheckpointFormatError(f"{directory} lacks {len(missing)} tensor(s) the model needs: "

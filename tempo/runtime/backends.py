@@ -261,8 +261,10 @@ class JaxBackend:
         kernel = self._by_op.get(key)
         if kernel is None:
             # Copied first: on a CPU ``device_put`` adopts an aligned host array without
-            # copying it, and the value may be the user's array (``tp.const``).
-            own = np.array(value, copy=True)
+            # copying it, and the value may be the user's array (``tp.const``), unless
+            # nothing can change it (read-only, owning its memory: a model's weights).
+            frozen = isinstance(value, np.ndarray) and not value.flags.writeable and value.flags.owndata
+            own = value if frozen else np.array(value, copy=True)
             on_device = self.jax.device_put(own) if self.mesh is None else self.replicated(own)
             kernel = self._by_op[key] = lambda params: on_device
         return kernel
