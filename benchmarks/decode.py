@@ -171,9 +171,11 @@ class _Marks:
 def _cache_bytes(cache: Any) -> int:
     """The bytes of a transformers cache's keys and values after a generation."""
     import torch
-    return sum(x.numel() * x.element_size() for layer in cache.layers
-               for x in (getattr(layer, "keys", None), getattr(layer, "values", None))
-               if isinstance(x, torch.Tensor))
+    if hasattr(cache, "layers"):  # transformers 5
+        tensors = [getattr(layer, name, None) for layer in cache.layers for name in ("keys", "values")]
+    else:  # transformers 4: per-layer lists
+        tensors = [*getattr(cache, "key_cache", []), *getattr(cache, "value_cache", [])]
+    return sum(x.numel() * x.element_size() for x in tensors if isinstance(x, torch.Tensor))
 
 
 def worker(spec: str) -> None:
@@ -217,8 +219,9 @@ def table(rows: list[tuple[DecodeCell, dict[str, Any]]], title: str, markdown: b
              "tokens/s Tempo is faster, below 1x for RSS it is smaller.",
              "peak RSS: ru_maxrss of the cell's process.",
              "KV MiB: the keys and values kept after the generation (transformers: its cache's "
-             "tensors; plain JAX: its preallocated cache) or, for Tempo, the most its point stores "
-             "held at once (keys, values and the few other points kept between positions)."]
+             "tensors; plain JAX: its preallocated cache) or, for Tempo, the most its stores held "
+             "at once of points over the positions (keys, values and the few other points kept "
+             "between positions)."]
     return render(title, HEADERS, body, notes, markdown)
 
 

@@ -105,7 +105,8 @@ class LanguageModel:
         """Compile what ``generate`` with these arguments runs, without running it (to time
         compilation apart)."""
         ids = _token_ids(ids, self.cfg.vocab_size)
-        watched = bool(options.pop("progress", False)) or options.pop("on_token", None) is not None
+        progress, on_token = options.pop("progress", False), options.pop("on_token", None)
+        watched = bool(progress) or on_token is not None
         self._program(self._request(ids, max_new_tokens, **options, watched=watched))
 
     def encode(self, text: str) -> list[int]:

@@ -52,8 +52,8 @@ def load_weights(directory: str | Path, cfg: LlamaConfig) -> dict[str, np.ndarra
     for file, names in files.items():
         with safe_open(str(file), framework="numpy") as f:
             for name in names & wanted.keys():
-                out[name] = _float32(f, name, file)
-                out[name].setflags(write=False)  # (so that the JAX backend need not copy them)
+                out[name] = np.require(_float32(f, name, file), requirements="O")  # (its own memory,
+                out[name].setflags(write=False)  # read-only: the JAX backend then need not copy it)
     missing = sorted(wanted.keys() - out.keys())
     if missing:
         raise CheckpointFormatError(f"{directory} lacks {len(missing)} tensor(s) the model needs: "

@@ -55,15 +55,15 @@ def _timeline(cfg: LlamaConfig, params: dict, prompt: jax.Array, P: int, total: 
     """When each ``every``-th position was reached, in a run that calls back to the host there."""
     marks: list[tuple[int, float]] = []
 
-    def mark(t: jax.Array) -> None:
-        marks.append((int(t) - (P - 1), time.perf_counter()))
+    def mark(t: jax.Array) -> None:  # (position t chose the (t - P + 2)-th generated token)
+        marks.append((int(t) - P + 2, time.perf_counter()))
     run = jax.jit(lambda p, prompt: _generate(cfg, p, prompt, P, total, window, (every, mark)))
     jax.block_until_ready(run(params, prompt))  # (compiles)
     marks.clear()
     start = time.perf_counter()
     jax.block_until_ready(run(params, prompt))
     end = time.perf_counter()
-    return [(n, at - start) for n, at in marks if n >= 0] + [(total - P + 1, end - start)]
+    return [(n, at - start) for n, at in marks if n > 0] + [(total - P + 1, end - start)]
 
 
 def _params(cfg: LlamaConfig, w: dict[str, np.ndarray]) -> dict:

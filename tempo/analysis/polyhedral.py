@@ -186,11 +186,14 @@ class Polyhedral:
                           f"{' and '.join(constraints) or 'true'} }}")
         return named_map(text, self.name(edge.sink), self.name(edge.src))
 
-    def same_point(self, before: Op, after: Op) -> isl.UnionMap:
-        """``{ before[p] -> after[p] }`` at the points ``p`` of both (ops of one domain)."""
-        vars_ = ", ".join(self._vars(before, "a").values())
-        cond = [*self._box_text(before, "a"), *self._box_text(after, "a")]
-        text = self._text(f"{{ {SINK}[{vars_}] -> {SOURCE}[{vars_}] : {' and '.join(cond) or 'true'} }}")
+    def at_point_of(self, before: Op, after: Op) -> isl.UnionMap:
+        """``{ before[p] -> after[q] }`` where ``q`` is ``p`` on ``after``'s dims (each of
+        which ``before`` has), at the points of both."""
+        mine, theirs = self._vars(before, "a"), self._vars(after, "c")
+        cond = [*self._box_text(before, "a"), *self._box_text(after, "c"),
+                *(f"{theirs[d]} = {mine[d]}" for d in after.domain)]
+        sink, source = ", ".join(mine.values()), ", ".join(theirs.values())
+        text = self._text(f"{{ {SINK}[{sink}] -> {SOURCE}[{source}] : {' and '.join(cond) or 'true'} }}")
         return named_map(text, self.name(before), self.name(after))
 
     def condition_set(self, op: Op, cond: Expr) -> isl.UnionSet:

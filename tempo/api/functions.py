@@ -186,9 +186,9 @@ def udf(fn: Callable[..., Any], inputs: Sequence[Any] = (),
     keeps its loops. A traceable UDF needs none: it is ``jax.vmap``-ed. Where the
     parallel dim is split over the devices of several processes (``tp.Distribution``
     over several hosts), every process calls ``batched`` with every row, gathered; with
-    ``own_rows``, each calls it with the rows its own devices hold (the point then maps
-    the dim's name to their indices) and returns those rows: host envs stepped by the host
-    of their shard.
+    ``own_rows``, each calls it with the rows its own devices hold (the point, which
+    ``pass_point`` hands in, then maps the dim's name to their indices) and returns those
+    rows: host envs stepped by the host of their shard.
     """
     if traceable:
         if batched is not None:

@@ -261,8 +261,9 @@ class JaxBackend:
         kernel = self._by_op.get(key)
         if kernel is None:
             # Copied first: on a CPU ``device_put`` adopts an aligned host array without
-            # copying it, and the value may be the user's array (``tp.const``), unless
-            # nothing can change it (read-only, owning its memory: a model's weights).
+            # copying it, and the value may be the user's array (``tp.const``), unless it is
+            # read-only and owns its memory (a model's weights): taken as a promise that it
+            # does not change.
             frozen = isinstance(value, np.ndarray) and not value.flags.writeable and value.flags.owndata
             own = value if frozen else np.array(value, copy=True)
             on_device = self.jax.device_put(own) if self.mesh is None else self.replicated(own)

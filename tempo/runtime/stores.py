@@ -64,7 +64,8 @@ class MemoryStats:
     mesh, ``SplitPointStore``): with a parallel dim split evenly, most of them."""
     over_dims: Bytes = field(default_factory=Bytes)
     """Of the device and host bytes, those of ops with a domain: the points a run keeps
-    between iterations (a decoder's keys and values), without parameters and constants."""
+    between iterations (a decoder's keys and values; a training run's parameters, which
+    are over its iterations), without values that have no dims (a decoder's weights)."""
 
     @property
     def device_bytes(self) -> int:

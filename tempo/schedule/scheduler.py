@@ -166,14 +166,15 @@ def _schedule(poly: Polyhedral, needed: isl.UnionSet,
 
 
 def _sinks_before_stops(poly: Polyhedral) -> isl.UnionMap:
-    """Each stop check (``tp.stop_when``) after the other sinks of its point: a run that
+    """Each stop check (``tp.stop_when``) after the other sinks of its point (those over
+    its dims, and over inner dims too: every ``t`` of a stop's iteration ``i``): a run that
     stops there still streams that point's token or logs its metrics."""
     ops = poly.statements.values()
     sinks = [op for op in ops if op.kind == "udf" and not op.outputs and not op.params.get("stops")]
     before = poly.union_map("{ }")
     for stop in (op for op in ops if op.params.get("stops")):
-        for sink in (s for s in sinks if s.domain == stop.domain):
-            before = before.union(poly.same_point(sink, stop))
+        for sink in (s for s in sinks if s.domain[:len(stop.domain)] == stop.domain):
+            before = before.union(poly.at_point_of(sink, stop))
     return before
 
 

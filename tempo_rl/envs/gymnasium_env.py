@@ -60,6 +60,10 @@ class GymnasiumEnv(EnvBase):
     def _reset(self, point: dict[str, int]) -> tuple[np.ndarray]:
         k = point[self._env_dim]
         if self._restored_obs is not None:
+            if k not in self._restored_obs:
+                raise ValueError(f"the checkpoint holds the state of envs {sorted(self._restored_obs)}, "
+                                 f"not of env {k}: over several hosts resume each process from its own "
+                                 f"checkpoint, with the same distributed.num_processes")
             return (self._restored_obs[k],)
         obs, _ = self.env(k).reset(seed=self.seed + k)
         return (obs.astype(np.float32),)

@@ -351,7 +351,6 @@ def test_window_attention_keeps_a_bounded_number_of_points(mistral):
         kept = {key: run.kept_peak_bytes for key, run in runs.items()}
         assert kept["causal", 60] - kept["causal", 30] >= 30 * kv_per_step, backend
         assert 0 <= kept["window", 60] - kept["window", 30] <= 30 * 2 * 4, backend  # (tokens, not KV)
-        assert all(run.store_peak_bytes >= kept[key] for key, run in runs.items())
 
 
 def test_decoding_stops_once_every_sequence_has_ended(llama):
@@ -401,9 +400,10 @@ def test_on_token_streams_every_generated_token_in_order(llama, backend):
     free = lm.generate(ids[:1], 120).tokens[0, 4:]
     late = [p for p in range(110, 20, -1) if free[p] not in free[:p]]
     assert late, "no token of this generation comes first after its 20th"
+    lm.compile_generation(ids, 120, progress=True, on_token=print)  # (the streamed program, made apart)
     for eos in (None, int(free[late[0]])):
         streamed: list[tuple[int, np.ndarray]] = []
-        out = lm.generate(ids[:1] if eos else ids, 120, eos_token_id=eos,
+        out = lm.generate(ids if eos is None else ids[:1], 120, eos_token_id=eos,
                           on_token=lambda n, tokens: streamed.append((n, tokens.copy())))
         generated = out.tokens[:, 4:]
         assert [n for n, _ in streamed] == list(range(generated.shape[1]))

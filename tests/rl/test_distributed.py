@@ -203,17 +203,18 @@ def test_cli_names_the_mesh(tmp_path):
     assert any("split over devices" in line for line in lines), done.stdout
 
 
-def _two_processes(tmp_path: Path, env: str) -> None:
-    """Train ``env`` with ``TINY`` in two processes on this machine (one CPU device each,
-    JAX's gloo collectives between them) joined through the coordinator, each with its
-    own run dir ``process<k>``."""
+def _two_processes(tmp_path: Path, env: str, *overrides: str, runs: str = "process") -> None:
+    """Train ``env`` with ``TINY`` (and ``overrides``, of which ``{k}`` becomes the
+    process's index) in two processes on this machine (one CPU device each, JAX's gloo
+    collectives between them) joined through the coordinator, each with its own run dir
+    ``<runs><k>``."""
     port = _unused_port()
-    common = ["scripts/train.py", f"env={env}", *TINY, "progress=false", "cache_dir=off",
+    common = ["scripts/train.py", f"env={env}", *TINY, "progress=false", "cache_dir=off", *overrides,
               "distributed=data", "distributed.num_processes=2", "distributed.initialization_timeout=60",
               f"distributed.coordinator_address=127.0.0.1:{port}"]
     environ = {**_device_env(1), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
-    procs = [subprocess.Popen([sys.executable, *common, f"distributed.process_id={k}",
-                               f"hydra.run.dir={tmp_path / f'process{k}'}"],
+    procs = [subprocess.Popen([sys.executable, *(arg.replace("{k}", str(k)) for arg in common),
+                               f"distributed.process_id={k}", f"hydra.run.dir={tmp_path / f'{runs}{k}'}"],
                               cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
              for k in range(2)]
@@ -273,6 +274,16 @@ def test_two_processes_each_step_their_own_gymnasium_envs(tmp_path):
         np.testing.assert_allclose(saved[env + "obs"], reference[env + "obs"][own], rtol=1e-6)
         for name in ("running_return", "running_length"):  # its own envs' episodes under way
             np.testing.assert_allclose(saved[env + name][own], reference[env + name][own], rtol=1e-6)
+    # each process resumes from its own checkpoint and trains on as the one-device run does
+    _two_processes(tmp_path, "cartpole", "total_timesteps=512",
+                   f"resume_from={tmp_path / 'process{k}' / 'checkpoints' / 'last.npz'}", runs="resumed")
+    on = train(config("env=cartpole", *TINY, "total_timesteps=512", "cache_dir=off",
+                      f"resume_from={alone.checkpoint}"), tmp_path / "alone_resumed", progress=False)
+    assert len(on.history) == 2  # (two more iterations)
+    later = np.load(on.checkpoint)
+    for k in range(2):
+        saved = np.load(tmp_path / f"resumed{k}" / "checkpoints" / "last.npz")
+        _assert_same(saved, later, shared)
 
 
 def test_a_gymnasium_env_steps_saves_and_restores_only_the_rows_it_is_given():

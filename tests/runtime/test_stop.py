@@ -84,3 +84,18 @@ def test_stop_when_needs_a_scalar():
         x = tp.symbol_value(t).astype("float32").unsqueeze(0).expand(2)
         with pytest.raises(tp.DomainError, match="scalar"):
             tp.stop_when(x > 1.0)
+
+
+def test_a_stop_over_an_outer_dim_runs_after_its_iterations_inner_sinks():
+    """A stop over ``i`` (written first) checks iteration ``i`` once the sinks over
+    ``(i, t)`` of that iteration ran: all of them, for the iterations up to the stop."""
+    seen: list[tuple[int, int]] = []
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        tp.stop_when(tp.symbol_value(i).astype("float32") >= 2.0)
+        y = tp.symbol_value(i).astype("float32") * 10.0 + tp.symbol_value(t).astype("float32")
+        tp.sink(y, lambda v, p: seen.append((p["i"], p["t"])))
+    res = ctx.compile({I: 6, T: 3}, [y], backend="numpy").run()
+    assert res.stopped_at == {"i": 2}
+    assert seen == [(a, b) for a in range(3) for b in range(3)]
