@@ -11,7 +11,7 @@ kept apart, the final observation of a finished episode is returned for bootstra
 and the env is reset in the same step. Between iterations the envs' state is kept
 (``snapshot``) so that checkpoints resume exactly (``restore``).
 
-An env is made when first stepped. Over several hosts (``distributed=data`` with
+An env is made when first used. Over several hosts (``distributed=data`` with
 ``num_processes``) each process makes and steps only the envs of its own devices' shard
 of ``b`` (the UDFs' ``own_rows``), and its checkpoint holds their state
 (``env_indices``): each process resumes from its own.
