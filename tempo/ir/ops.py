@@ -622,7 +622,8 @@ register("coords", _infer_coords, _coords, host=True, batched=_coords_batched)
 
 def _infer_rng(*coords: TensorType, **p: Any) -> tuple[TensorType]:
     batch = (as_expr(p["batch"]),) if "batch" in p else ()  # one draw per row of the coords
-    return (TensorType((*batch, *p["shape"]), p["dtype"]),)
+    steps = (as_expr(p["steps"]),) if "steps" in p else ()  # and per step (vectorized)
+    return (TensorType((*steps, *batch, *p["shape"]), p["dtype"]),)
 
 
 def _rng(xp: Any, p: dict, *coords: Any) -> Any:

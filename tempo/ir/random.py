@@ -114,7 +114,14 @@ def _horner(xp: Any, coefficients: tuple[float, ...], w: Any) -> Any:
 
 def sample(xp: Any, p: dict, coords: Any = None) -> Any:
     """The draw of distribution ``p["dist"]`` (uniform, normal, randint) at ``coords``
-    (``p["batch"]`` draws, one per row of ``coords``, when a parallel dim was laid out)."""
+    (``p["batch"]`` draws, one per row of ``coords``, when a parallel dim was laid out;
+    and ``p["steps"]`` of those, one per leading row, when the step dim was vectorized:
+    each the draw at its own coordinates, bit for bit)."""
+    if "steps" in p:
+        steps, batch = int(p["steps"]), int(p.get("batch", 1))
+        flat = {k: v for k, v in p.items() if k != "steps"}
+        draws = sample(xp, {**flat, "batch": steps * batch}, coords.reshape(-1, coords.shape[-1]))
+        return draws.reshape((steps, *((batch,) if "batch" in p else ()), *draws.shape[1:]))
     shape = tuple(int(d) for d in p["shape"])
     size = int(np.prod(shape, dtype=np.int64))
     if "batch" in p:  # a parallel dim laid out: one draw per row of ``coords``

@@ -11,9 +11,12 @@ did not finish in minutes).
 
 An op is vectorized when
 
-- it is a pure device op with a rule below (no merges, host ops, UDFs or random draws,
-  which are keyed by their point), its params, requirements and output shapes do not vary
-  with ``t``, it runs unconditionally, and it is not an output of the program;
+- it is a pure device op with a rule below (no merges, host ops or UDFs), its params,
+  requirements and output shapes do not vary with ``t``, it runs unconditionally, and it
+  is not an output of the program. A random draw is keyed by its point's coordinates (a
+  host op's value at every ``t``): stacked, it draws every step's at once, one per row of
+  the stacked coordinates, bit for bit the same draws (``_stacked_draws``; not where one
+  step's draw is ``STACK_MIN_BYTES`` or more, which would hold ``T`` of them at once);
 - no cycle within one point of the other dims runs through it (a conservative form of the
   paper's "non-trivial cycle": ``obs[t]`` depends on ``action[t-1]``, so acting stays as
   it is; the learner's cycle through the parameters runs from ``i`` to ``i + 1``);
@@ -147,6 +150,8 @@ def _rule_of(op: Op, edges: list[Edge], dim: Symbol, size: int,
     reads = [_read_kind(e, dim) for e in edges]
     if None in reads or "row" not in reads:
         return None
+    if op.kind == "rng":
+        return _stacked_draws(op, edges, dim, size, bounds)
     return _row_ofstacked(op, edges, dim, size) or checked_rule(op, edges, [r == "row" for r in reads], size)
 
 
@@ -273,6 +278,21 @@ def _row_ofstacked(op: Op, edges: list[Edge], dim: Symbol, size: int) -> Rule | 
     if input_type(value).shape[:1] != (const(size),):
         return None
     return Rule({}, (0,), kind="identity", inputs=1)
+
+
+def _stacked_draws(op: Op, edges: list[Edge], dim: Symbol, size: int,
+                   bounds: dict[Symbol, int]) -> Rule | None:
+    """A draw at every step, from the coordinates of every step (a ``coords`` op's rows):
+    one draw per row of them (``tempo.ir.random.sample``'s ``steps``). Coordinates keyed
+    before the step's are still the same in every row (``shared``); a draw of
+    ``STACK_MIN_BYTES`` or more per step stays step by step."""
+    (coords,) = edges
+    if "steps" in op.params or coords.src.kind != "coords" \
+            or (op.outputs[0].nbytes(bounds) or STACK_MIN_BYTES) >= STACK_MIN_BYTES:
+        return None
+    column = coords.src.params["dims"].index(dim)
+    params = {**op.params, "steps": size, "shared": min(op.params.get("shared", 0), column)}
+    return Rule(params, (0,))
 
 
 def checked_rule(op: Op, edges: list[Edge], rows: list[bool], size: int) -> Rule | None:
@@ -405,7 +425,7 @@ RULES: dict[str, RuleMaker] = {
 }
 """The ops whose rule is their own; other ops take the rule of their kind (elementwise,
 reductions, ops along one axis: ``OpDef`` traits)."""
-RULE_KINDS = ELEMENTWISE | _ONE_DIM | _REDUCE | frozenset(RULES)
+RULE_KINDS = ELEMENTWISE | _ONE_DIM | _REDUCE | frozenset(RULES) | {"rng"}
 """Every op kind vectorize has a rule for."""
 
 

@@ -232,6 +232,69 @@ def test_a_resumed_run_reads_its_own_rows():
     np.testing.assert_array_equal(np.asarray(runs[0][out]), np.asarray(runs[1][out]))
 
 
+def _draws_over_steps(ctx, large: bool = False):
+    """Three draws at every ``(i, t)`` (``STACK_MIN_BYTES`` per step when ``large``),
+    read by a recurrence over ``t`` and by an op on every step."""
+    dims = ctx.dims
+    outer, t = dims[:-1], dims[-1]
+    T = ctx.bounds[-1]
+    shape = (128, 128) if large else (B, H)
+    u = tp.uniform(shape, domain=dims)
+    n = tp.normal(shape, loc=1.0, domain=dims)
+    k = tp.randint(0, 7, shape, domain=dims).astype("float32")
+    s = tp.placeholder(shape=shape, dtype="float32", domain=dims)
+    s[t == 0] = u
+    s[True] = s[(*outer, t - 1)] * 0.5 + u
+    return [s[(*outer, slice(0, T))], (n * 2.0 + k)[(*outer, slice(0, T))]]
+
+
+def _rng_domains(exe) -> list[list[str]]:
+    return [[d.name for d in op.domain] for op in exe.graph.ops.values() if op.kind == "rng"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_draws_at_every_step_are_drawn_at_once_bit_for_bit(backend, parallel):
+    """A draw keyed by ``(i, t)`` (and by a laid-out parallel dim) is made for all steps
+    at once, from every step's coordinates: the values are the per-step draws'."""
+    ctx = tp.Context(dims=("b", "i", "t"), seed=5, parallel=("b",)) if parallel else \
+        tp.Context(dims=("i", "t"), seed=5)
+    with ctx:
+        outputs = _draws_over_steps(ctx)
+    bounds = dict(zip(ctx.bounds, (2, I_VALUE, T_VALUE) if parallel else (I_VALUE, T_VALUE)))
+    exe = ctx.compile(bounds, outputs, backend=backend)
+    got = exe.run()
+    plain = ctx.compile(bounds, outputs, backend=backend, passes=UNVECTORIZED).run()
+    ref = evaluate(ctx, bounds, outputs)
+    for rt in outputs:
+        np.testing.assert_allclose(np.asarray(got[rt]), ref[rt.key], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(got[rt]), np.asarray(plain[rt]))
+    if backend == "numpy":  # (on JAX inside fused ops)
+        assert _rng_domains(exe) == [["i"]] * 3
+
+
+def test_large_draws_stay_step_by_step():
+    """A draw of ``STACK_MIN_BYTES`` per step would hold ``T`` of them at once: it keeps
+    its ``t``."""
+    ctx, (i, t), (I, T) = _context()
+    with ctx:
+        outputs = _draws_over_steps(ctx, large=True)
+    exe = ctx.compile({I: I_VALUE, T: 3}, outputs, backend="numpy")
+    assert _rng_domains(exe) == [["i", "t"]] * 3
+
+
+def test_a_resumed_run_draws_what_the_longer_run_drew():
+    """Stacked draws are keyed by the coordinates host ops see: under an origin, the
+    steps a resumed run draws are the longer run's."""
+    ctx, (i, t), (I, T) = _context()
+    with ctx:
+        outputs = _draws_over_steps(ctx)
+    whole = ctx.compile({I: I_VALUE, T: T_VALUE}, outputs, backend="numpy").run()
+    tail = ctx.compile({I: I_VALUE, T: T_VALUE - 2}, outputs, backend="numpy").run(origin={t: 2})
+    steps = outputs[1]
+    np.testing.assert_array_equal(np.asarray(tail[steps]), np.asarray(whole[steps])[:, 2:])
+
+
 def test_a_program_of_one_dim_is_not_vectorized():
     ctx = tp.Context(dims=("t",))
     (t,), (T,) = ctx.dims, ctx.bounds
