@@ -81,12 +81,12 @@ class JaxEnv(EnvBase):
 
     def _carry(self, point: dict[str, int], rewards: np.ndarray, dones: np.ndarray,
                obs: np.ndarray, *leaves: np.ndarray) -> tuple:
-        """Between iterations (of one env, or all): count the iteration's episodes, keep
-        the state the next one starts from."""
+        """After an iteration (of one env, or all): count its episodes, keep the state the
+        next one starts from (for a checkpoint: the next iteration reads it on the device)."""
         self._record_rollout(point, rewards, dones)
         state = {"obs": obs, **{f"leaf{n}": leaf for n, leaf in enumerate(leaves)}}
         iteration = self._keep_snapshot(point, state)
-        return (obs, *leaves, np.full(rewards.shape[:-1], iteration, np.float32))
+        return (np.full(rewards.shape[:-1], iteration, np.float32),)
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         names = [f"leaf{n}" for n in range(len(self._leaf_types))]
@@ -110,15 +110,17 @@ class JaxEnv(EnvBase):
         nxt, reward, terminated, truncated, final, *after = tp.udf(
             self.step, [seed, action, *leaves], traceable=True, name="env_step")
         done = tp.max(terminated, truncated)
-        carried = self._env_udf(self._carry, [reward[b, i, 0:T], done[b, i, 0:T], nxt[b, i, T - 1],
-                                              *(leaf[b, i, T - 1] for leaf in after)],
-                                [*types, ((), "float32")], "env_carry", batched=self._carry)
-        for var, start, carry, step_out in zip([obs, *leaves], first, carried, [nxt, *after]):
+        # The host only records the iteration (episodes, the state for a checkpoint): the
+        # next one starts from the last step's state on the device.
+        (recorded,) = self._env_udf(self._carry, [reward[b, i, 0:T], done[b, i, 0:T], nxt[b, i, T - 1],
+                                                  *(leaf[b, i, T - 1] for leaf in after)],
+                                    [((), "float32")], "env_carry", batched=self._carry)
+        for var, start, step_out in zip([obs, *leaves], first, [nxt, *after]):
             var[b, 0, 0] = start
-            var[b, i + 1, 0] = carry
+            var[b, i + 1, 0] = step_out[b, i, T - 1]
             var[b, i, t + 1] = step_out
         return Rollout(obs, action, reward, terminated, truncated, final, extras,
-                       saved_marker(carried[-1], b, i))
+                       saved_marker(recorded, b, i))
 
 
 @functools.cache
