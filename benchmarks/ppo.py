@@ -53,7 +53,7 @@ the rest of PPO's hyperparameters are Tempo's config's (PPOConfig)."""
 DEFAULT_ITERATIONS = {"small": 3, "paper": 2}
 """Measured iterations per config (after the warm-up ones) when --iterations is not given."""
 SYNTHETIC_OBS_SHAPE = (3, 4, 4)
-SYSTEMS = ("tempo-numpy", "tempo-jax", "torch", "jax")
+SYSTEMS = ("tempo-numpy", "tempo-jax", "torch", "jax", "gym-alone")
 TEMPO = ("tempo-numpy", "tempo-jax", "tempo")
 """Tempo's rows: a backend forced, or (``tempo``) the default config's own (``auto``)."""
 TIME_TO_SYSTEMS = ("tempo", "jax")
@@ -64,10 +64,12 @@ ENV_IMPLS = {
     "synthetic": {"tempo-numpy": ["synthetic"], "tempo-jax": ["synthetic"], "torch": ["synthetic"],
                   "jax": ["synthetic"]},
     "cartpole": {"tempo-numpy": ["gymnasium", "gymnax"], "tempo-jax": ["gymnasium", "gymnax"],
-                 "torch": ["gymnasium"], "jax": ["gymnax"]},
+                 "torch": ["gymnasium"], "jax": ["gymnax"], "gym-alone": ["gymnasium"]},
 }
 """How each system steps each env: Tempo runs CartPole both on the host (gymnasium) and in
-the graph (gymnax); the PyTorch baseline uses gymnasium, the JAX one gymnax."""
+the graph (gymnax); the PyTorch baseline uses gymnasium, the JAX one gymnax. ``gym-alone``
+is no PPO: gymnasium stepping the same envs with random actions, the floor of every
+gymnasium row (``benchmarks/baselines/gym_alone.py``)."""
 TORCH_MISSING = "not installed (pip install torch==2.13.0)"
 
 
@@ -83,6 +85,9 @@ def run_cell(cell: Cell) -> Measurement:
     if cell.system == "jax":
         from benchmarks.baselines import jax_ppo
         return jax_ppo.run(cell)
+    if cell.system == "gym-alone":
+        from benchmarks.baselines import gym_alone
+        return gym_alone.run(cell)
     raise ValueError(f"unknown system {cell.system!r}; the systems are {SYSTEMS}")
 
 
@@ -145,7 +150,7 @@ def make_cells(system: str, env_name: str, config: str, iterations: int, warmup:
     from benchmarks.tempo_runner import base_config
     sizes = CONFIGS[config]
     cells = []
-    for impl in ENV_IMPLS[env_name][system]:
+    for impl in ENV_IMPLS[env_name].get(system, []):
         cfg = base_config(impl)
         cfg["algorithm"]["num_steps"] = sizes["num_steps"]
         ppo = PPOSettings.from_config(cfg)

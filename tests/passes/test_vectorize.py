@@ -273,13 +273,20 @@ def test_draws_at_every_step_are_drawn_at_once_bit_for_bit(backend, parallel):
         assert _rng_domains(exe) == [["i"]] * 3
 
 
-def test_large_draws_stay_step_by_step():
-    """A draw of ``STACK_MIN_BYTES`` per step would hold ``T`` of them at once: it keeps
-    its ``t``."""
+def test_large_draws_stay_step_by_step(monkeypatch):
+    """A draw of ``STACK_MIN_BYTES`` per step, or of more than ``STACKED_DRAWS_MAX_BYTES``
+    over the steps, would be held whole: it keeps its ``t``."""
+    from tempo.passes import vectorize
     ctx, (i, t), (I, T) = _context()
     with ctx:
-        outputs = _draws_over_steps(ctx, large=True)
-    exe = ctx.compile({I: I_VALUE, T: 3}, outputs, backend="numpy")
+        large = _draws_over_steps(ctx, large=True)
+    exe = ctx.compile({I: I_VALUE, T: 3}, large, backend="numpy")
+    assert _rng_domains(exe) == [["i", "t"]] * 3
+    ctx, (i, t), (I, T) = _context()
+    with ctx:
+        small = _draws_over_steps(ctx)
+    monkeypatch.setattr(vectorize, "STACKED_DRAWS_MAX_BYTES", B * H * 4 * T_VALUE - 1)
+    exe = ctx.compile({I: I_VALUE, T: T_VALUE}, small, backend="numpy")
     assert _rng_domains(exe) == [["i", "t"]] * 3
 
 
