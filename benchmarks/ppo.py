@@ -419,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"... {config} / {env_name}: {cell.label} [{cell.impl}]", file=sys.stderr,
                           flush=True)
                     rows.append(spawn(cell, args.timeout))
+            if not rows:  # (no system asked for runs on this env: gym-alone is CartPole's only)
+                continue
             emit(main_table(env_name, config, rows, False), main_table(env_name, config, rows, True))
             if (env_name, config) in ablate:
                 ablation = run_ablation(env_name, config, iterations, args.warmup, rows, args.timeout)

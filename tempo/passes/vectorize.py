@@ -16,7 +16,8 @@ An op is vectorized when
   is not an output of the program. A random draw is keyed by its point's coordinates (a
   host op's value at every ``t``): stacked, it draws every step's at once, one per row of
   the stacked coordinates, bit for bit the same draws (``_stacked_draws``; not where one
-  step's draw is ``STACK_MIN_BYTES`` or more, or all of them ``STACKED_DRAWS_MAX_BYTES``);
+  step's draw is ``STACK_MIN_BYTES`` or more, or all of them ``STACKED_DRAWS_MAX_BYTES``, or it is
+  drawn over a device mesh);
 - no cycle within one point of the other dims runs through it (a conservative form of the
   paper's "non-trivial cycle": ``obs[t]`` depends on ``action[t-1]``, so acting stays as
   it is; the learner's cycle through the parameters runs from ``i`` to ``i + 1``);
@@ -172,8 +173,8 @@ STACK_MIN_BYTES = 1 << 16
 """A value made step by step, at least this large per step, is read stacked by vectorized
 ops only where a contraction needs its rows (``_without_large_stacks``)."""
 STACKED_DRAWS_MAX_BYTES = 1 << 24
-"""The most bytes a random draw's steps may hold stacked (``_stacked_draws``): PPO's acting
-noise and env keys at 512 envs x 250 steps hold 1 MiB."""
+"""The most bytes a random draw's steps and their coordinates may hold stacked
+(``_stacked_draws``): PPO's acting noise at 512 envs x 250 steps holds 2.4 MiB."""
 
 
 def _without_large_stacks(graph: SDG, chosen: dict[int, Rule], dim: Symbol, size: int,
@@ -288,13 +289,16 @@ def _stacked_draws(op: Op, edges: list[Edge], dim: Symbol, size: int,
     """A draw at every step, from the coordinates of every step (a ``coords`` op's rows):
     one draw per row of them (``tempo.ir.random.sample``'s ``steps``). Coordinates keyed
     before the step's are still the same in every row (``shared``). A draw of
-    ``STACK_MIN_BYTES`` or more per step, or of more than ``STACKED_DRAWS_MAX_BYTES`` over
-    the steps, stays step by step: its readers in the loop take one step's draw at a time,
-    and stacked it would be held whole."""
+    ``STACK_MIN_BYTES`` or more per step, or whose draws and coordinates hold more than
+    ``STACKED_DRAWS_MAX_BYTES`` over the steps, stays step by step: its readers in the loop
+    take one step's draw at a time, and stacked it would be held whole. So does a draw
+    over a mesh (``tempo.passes.parallel`` puts a ``shard`` of the coordinates between)."""
     (coords,) = edges
-    step_bytes = op.outputs[0].nbytes(bounds)
-    if "steps" in op.params or coords.src.kind != "coords" or step_bytes is None \
-            or step_bytes >= STACK_MIN_BYTES or step_bytes * size > STACKED_DRAWS_MAX_BYTES:
+    if "steps" in op.params or coords.src.kind != "coords":  # (a shard between: draws over a mesh)
+        return None
+    draw, keys = op.outputs[0].nbytes(bounds), coords.src.outputs[0].nbytes(bounds)
+    if draw is None or keys is None or draw >= STACK_MIN_BYTES \
+            or (draw + keys) * size > STACKED_DRAWS_MAX_BYTES:
         return None
     column = coords.src.params["dims"].index(dim)
     params = {**op.params, "steps": size, "shared": min(op.params.get("shared", 0), column)}

@@ -28,7 +28,6 @@ NO_BATCHING_RULE = {
     "arange": "the vectorized form of eval_symbol; has no inputs",
     "eval_symbol": "a point op: batched by the runtime over a loop's points",
     "coords": "a point op: batched by the runtime over a loop's points",
-    "rng": "keyed by its point; the parallel pass lays out its parallel dim",
     "udf": "host code; the parallel pass uses its batched form",
     "traced_udf": "the parallel pass vmaps it",
     "merge": "chooses a branch per point",

@@ -122,6 +122,7 @@ STEP_CASES = {
     "take_step": lambda a, i, t: a[i, t, 1] * 2.0,
     "gather_shared_step": lambda a, i, t: tp.const(A).gather((tp.const(I) + (a > 0).astype("int32")) % 3,
                                                              dim=1),  # a shared table, per-step indices
+    "draw_step": lambda a, i, t: a + tp.normal(A.shape, domain=(i, t)),  # keyed by (i, t)
 }
 """Ops on a per-step value that the cases above cannot show there (their spatial indices
 would name the temporal dims of such a value)."""
