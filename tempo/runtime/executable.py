@@ -534,7 +534,9 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.kind == "merge":
         return _merge_launcher(op, edges, reads, writes[0], bounds)
     if op.definition.host:
-        return _host_launcher(op, reads, writes, bounds, backend, shift or {})
+        on_host = [isinstance(stores[(op.id, k)], BlockStore) and not stores[(op.id, k)].buffers.on_device
+                   for k in range(len(op.outputs))]
+        return _host_launcher(op, reads, writes, bounds, backend, shift or {}, on_host)
     return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores,
                             static_shapes, extent, {} if programs is None else programs)
 
@@ -588,20 +590,24 @@ def _host_view(op: Op, bounds: dict[Symbol, int], shift: dict[Symbol, int]) -> t
 
 
 def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Symbol, int],
-                   backend: Backend, shift: dict[Symbol, int]) -> Launcher:
+                   backend: Backend, shift: dict[Symbol, int], on_host: list[bool]) -> Launcher:
+    """A host op's launcher: its inputs as NumPy arrays, its outputs moved to the backend
+    (``from_host``) except those kept in host memory (``on_host``: a block store's host
+    buffers, which would copy a device value back)."""
     kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
-    to_host, from_host, domain = backend.to_host, backend.from_host, op.domain
+    to_host, domain = backend.to_host, op.domain
     shifted, offsets = _host_view(op, bounds, shift)
     dim, size = params.get("rows_of") or (None, 0)
     rows = backend.process_rows(dim, size) if dim is not None else None
     if rows is not None:  # a batched UDF over a dim split over processes: this process's rows
         return _own_rows_launcher(op, reads, writes, backend, shifted, offsets, rows)
+    moves = [(lambda value: value) if kept else backend.from_host for kept in on_host]
 
     def launch(point: tuple[int, ...]) -> None:
         env = {**shifted, **{d: p + k for d, p, k in zip(domain, point, offsets)}}
         outs = kernel(params, env, *(to_host(read(phi(*point))) for read, phi in reads))
-        for write, value in zip(writes, outs if multi else (outs,)):
-            write(point, from_host(value))
+        for write, move, value in zip(writes, moves, outs if multi else (outs,)):
+            write(point, move(value))
     return launch
 
 

@@ -78,8 +78,10 @@ class GymnasiumEnv(EnvBase):
     def _step_all(self, point: dict[str, Any], actions: np.ndarray) -> tuple[np.ndarray, ...]:
         """Every env's step, or (``own_rows``) those of ``point[b]``."""
         envs = point.get(self._env_dim)
-        steps = [self._step_env(int(k), action)
-                 for k, action in zip(range(self.num_envs) if envs is None else envs, actions)]
+        indices = range(self.num_envs) if envs is None else np.asarray(envs).tolist()
+        # (Python ints for discrete actions: a NumPy scalar's int() per env costs as much)
+        steps = [self._step_env(k, action)
+                 for k, action in zip(indices, actions.tolist() if self.discrete else actions)]
         obs, reward, terminated, truncated, final = zip(*steps)
         reward, terminated, truncated = (np.asarray(x, np.float32) for x in (reward, terminated, truncated))
         self.stats.record(reward, np.maximum(terminated, truncated), envs)
