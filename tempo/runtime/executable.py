@@ -622,10 +622,10 @@ def _own_rows_launcher(op: Op, reads: list, writes: list[Callable], backend: Bac
     params, multi = op.params, op.definition.multi_output
     dim, size = params["rows_of"]
     inputs = [(read, phi, own) for (read, phi), own in zip(reads, params["row_inputs"])]
-    indices = np.arange(*rows)
+    own = {**shifted, Symbol(dim): np.arange(*rows)}
 
     def launch(point: tuple[int, ...]) -> None:
-        env = {**shifted, Symbol(dim): indices, **{d: p + k for d, p, k in zip(op.domain, point, offsets)}}
+        env = {**own, **{d: p + k for d, p, k in zip(op.domain, point, offsets)}}
         values = [backend.local_rows(read(phi(*point)), rows) if own else backend.to_host(read(phi(*point)))
                   for read, phi, own in inputs]
         outs = op.definition.kernel(params, env, *values)
