@@ -393,15 +393,39 @@ def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, S
     on_device = {op.id for op in graph.ops.values()  # device kernels (a merge passes values on)
                  if not op.definition.host and op.kind not in ("merge", "sum_readers")
                  and has_static_shapes(op, graph.in_edges(op), known, tiled=True)}
+    merges = _merges_stepped_on_device(graph, on_device) if fixed_reads_on_device(backend) else set()
     stores = {}
     for op in graph.ops.values():
         for k in range(len(op.outputs)):
             readers = [e for e in consumers[op.id] if e.src_out == k]
             store = stores[(op.id, k)] = _store_for(op, k, readers, bounds, bound_of, backend, stats,
-                                                    op.id in swapped, windows.get((op.id, k)), on_device)
+                                                    op.id in swapped, windows.get((op.id, k)), on_device,
+                                                    op.id in merges)
             if op.domain:
                 store.bytes = CountedTwice(store.bytes, stats.over_dims)
     return stores
+
+
+def _merges_stepped_on_device(graph: SDG, on_device: Collection[int]) -> set[int]:
+    """The merges whose values along their innermost dim come from device kernels (or
+    such merges): every input read at a point that moves with that dim has one as its
+    source (an env's observation in the graph: the reset, a host op's, only at the first
+    step). Those read at fixed points (a reset, the last iteration's last step) may be
+    host values: a row each."""
+    merges = [op for op in graph.ops.values() if op.kind == "merge" and op.domain]
+    found: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for op in merges:
+            if op.id in found:
+                continue
+            inner = op.domain[-1]
+            stepped = [e for e in graph.in_edges(op) if e.phi and inner in e.phi[-1].symbols()]
+            if stepped and all(e.src.id in on_device or e.src.id in found for e in stepped):
+                found.add(op.id)
+                changed = True
+    return found
 
 
 def _until(rt: Output, sizes: list[int], stopped: dict[str, int], store: Any,
@@ -467,15 +491,41 @@ reads took whole buffers). On an accelerator a host buffer would cross to the de
 every read: device arrays always."""
 
 
+def fixed_reads_on_device(backend: Backend) -> bool:
+    """Whether a store whose slice readers outside its innermost dim read the same rows
+    at every point (a rollout read whole by the learner, ``x[i, 0:T]``) keeps device
+    buffers where the writer and readers are device kernels: on an accelerator. There a
+    host buffer costs the rows' trip to the host as soon as a lowered loop has made them
+    (``BlockStore.write_rows`` waits for the loop) and back at every read, and a host
+    round trip stops the host from running ahead of the device: on an H100 (2026-11-27)
+    n-step and REINFORCE over 3x64x64 observations at T=250 ran 0.38 and 0.26 s an
+    iteration against 0.88 and 0.77, PPO on gymnax at the paper's size 71 ms against 83
+    (``benchmarks/README.md``). On a CPU the two measured the same (those programs,
+    2026-11-27), and host buffers keep a rollout written one row per step (a host env's
+    acting loop) free of a device update per row."""
+    return not backend.on_cpu
+
+
+def _reads_fixed_rows(edge: Edge, op: Op, bounds: dict[Symbol, int]) -> bool:
+    """Whether ``edge`` reads a run of ``op``'s innermost dim fixed by the bounds alone
+    (``0:T``), from a point outside that dim: a read of rows that are all written before."""
+    entry = edge.phi[-1]
+    return isinstance(entry, Slice) and op.domain[-1] not in edge.sink.domain \
+        and entry.symbols() <= set(bounds)
+
+
 def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                bound_of: dict[Symbol, Symbol], backend: Backend, stats: MemoryStats,
-               swapped: bool, window: int | None = None, on_device: Collection[int] = ()) -> Any:
+               swapped: bool, window: int | None = None, on_device: Collection[int] = (),
+               merge_on_device: bool = False) -> Any:
     """The store of output ``k`` of ``op``. Where readers slice its innermost dim, a block
     store. Its buffers are on the device where ``op`` and every such reader are ops in
     ``on_device`` (device kernels with static shapes; a host op's or a merge's values are
     host arrays already), the readers' slices are tiled (a growing slice read at every
-    step, ``tempo.passes.tile``: a host buffer would wait for each row written) and, on a
-    CPU, a buffer holds at most ``CPU_DEVICE_BUFFER_BYTES``; else in host memory.
+    step, ``tempo.passes.tile``: a host buffer would wait for each row written) or, on an
+    accelerator, read at fixed rows (``fixed_reads_on_device``; there also where ``op`` is a
+    merge of device values, ``merge_on_device``) and, on a CPU, a buffer holds at most
+    ``CPU_DEVICE_BUFFER_BYTES``; else in host memory.
     Otherwise a point store (in host memory if ``swapped``; counting split values over a
     mesh)."""
     t = op.outputs[k]
@@ -487,9 +537,13 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         length = bounds[bound_of[op.domain[-1]]]
         rows = _padded_end(readers, bounds, bound_of)
         buffer_bytes = max(length, rows) * int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-        device = backend.name == "jax" and not swapped and op.id in on_device \
+        tiled = all(not e.slices or e.sink.id in on_device and e.tiled for e in readers)
+        fixed = fixed_reads_on_device(backend) and all(
+            not e.slices or e.sink.id in on_device and (e.tiled or _reads_fixed_rows(e, op, bounds))
+            for e in readers)
+        device = backend.name == "jax" and not swapped \
             and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
-            and all(not e.slices or e.sink.id in on_device and e.tiled for e in readers)
+            and (op.id in on_device and (tiled or fixed) or merge_on_device and fixed)
         axis = _rows_axis(op, readers)
         buffers = DeviceBuffers(backend, axis) if device else HostBuffers(backend.view_of_host, axis)
         if window is not None:
@@ -759,7 +813,7 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
         and the kernel's arguments there (their shapes: the buffers grown as they will
         be, a window's ring as it is; the other inputs as at ``point``)."""
         out = []
-        for t in range(point[-1] + 1, bound):
+        for t in range(point[-1] + 1, bound) if point else ():
             later = (*point[:-1], t)
             found = located([phi(*later) for _, phi in reads], ahead=True)
             if all(f is not None for f in found):

@@ -362,3 +362,85 @@ def test_later_row_counts_compile_in_the_background(monkeypatch):
     assert compiles == [True]  # in the foreground, only the first launch (JAX logs this thread's)
     (kernel,) = kernels
     assert kernel._cache_size() == 6  # one program per count read
+
+
+def _rollout_sums(host_step: bool = False):
+    """Over (i, t): ``x`` made by a device kernel and ``h``, a merge over ``t`` (its first
+    point a constant, the others a device kernel's, or with ``host_step`` a host UDF's), both
+    read whole by a learner-like op over ``i`` (``[i, 0:T]``)."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    rng = np.random.default_rng(5)
+    with ctx:
+        x = (tp.const(rng.normal(size=(3, 12, 4)).astype(np.float32))[i, t] * 1.5).tanh()
+        h = tp.placeholder(shape=(4,), dtype="float32", domain=(i, t))
+        h[i, 0] = tp.const(np.ones(4, np.float32))
+        if host_step:
+            h[i, t + 1] = tp.udf(lambda a, b: np.tanh(a * 0.9 + b), [h, x], [((4,), "float32")],
+                                 name="host_step")[0]
+        else:
+            h[i, t + 1] = h * 0.9 + x * 0.5
+        s = (x[i, 0:T] * h[i, 0:T]).sum(0).sum(-1)
+    return ctx, {I: 3, T: 12}, s
+
+
+@pytest.mark.parametrize("loops", ["lowered", "interpreted"])
+@pytest.mark.parametrize("fixed", [True, False])
+def test_rows_read_whole_stay_on_the_device_where_fixed_reads_are(monkeypatch, fixed, loops):
+    """A store read whole by an op outside its innermost dim (a rollout read by the
+    learner) keeps device buffers where ``fixed_reads_on_device`` holds (an accelerator;
+    forced here), also a merge of device values; else host buffers, as on a CPU. The
+    values are the reference evaluator's either way."""
+    from tempo.runtime import executable
+    from tempo.runtime.stores import BlockStore
+    monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend: fixed)
+    ctx, bounds, s = _rollout_sums()
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", loops=tp.LoopPolicy(loops))
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    blocks = {exe.graph.ops[op].kind: store for (op, _), store in _stores_of(exe).items()
+              if isinstance(store, BlockStore)}
+    assert "merge" in blocks and len(blocks) == 2, blocks
+    assert all(store.buffers.on_device == fixed for store in blocks.values())
+    assert (exe.stats.peak_host_bytes == 0) == fixed
+
+
+def test_a_merge_stepped_by_a_host_op_keeps_host_buffers(monkeypatch):
+    """A merge whose values along ``t`` come from a host op (a host env's observations)
+    keeps host buffers even where fixed reads are on the device: a device buffer would
+    take a host row at every step. The device kernel's store beside it moves."""
+    from tempo.runtime import executable
+    from tempo.runtime.stores import BlockStore
+    monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend: True)
+    ctx, bounds, s = _rollout_sums(host_step=True)
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax")
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    placed = {exe.graph.ops[op].kind: store.buffers.on_device for (op, _), store in _stores_of(exe).items()
+              if isinstance(store, BlockStore)}
+    assert placed.get("merge") is False and True in placed.values(), placed
+
+
+def test_fixed_reads_stay_in_host_memory_on_a_cpu():
+    """On a CPU (where both measured the same) the rule is off: host buffers."""
+    from tempo.runtime import executable
+    from tempo.runtime.backends import JaxBackend
+    assert not executable.fixed_reads_on_device(JaxBackend())
+
+
+@pytest.mark.parametrize("loops", ["lowered", "interpreted"])
+def test_an_op_without_dims_reads_a_device_buffer_whole(monkeypatch, loops):
+    """An op without dims (a point ``()``) reading every row of a device buffer: its
+    block launcher has no later points to compile ahead; the value is the reference's."""
+    from tempo.runtime import executable
+    monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend: True)
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(np.random.default_rng(2).normal(size=(10, 3)).astype(np.float32))[t].tanh()
+        s = (x[0:T] * 2.0).sum(0)
+        exe = ctx.compile({T: 10}, [s], backend="jax", loops=tp.LoopPolicy(loops))
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, {T: 10}, [s])[s.key], rtol=1e-5, atol=1e-5)
