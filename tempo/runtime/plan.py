@@ -396,6 +396,9 @@ class LoopPlanner:
                        if len(made_points[key].rows) < trips)
         rows_at = [_per_iteration(trips, made_points[key].rows, np.arange(count), count, np.int32)
                    for key, count in sparse]
+        # Passed to every call of the scan, by this plan and its translates: moved once.
+        branches, active, rows_at = ([self.backend.resident(v) for v in values]
+                                     for values in (branches, active, rows_at))
         plan = Plan(slots, carries, tuple(sorted(masked)), stacked_out, sparse, finals, consts, stacked,
                     branches, active, rows_at, init, zeros, trips, tuple(bool(len(it)) for it, _ in runs),
                     made_points, self._later(instances, outside))

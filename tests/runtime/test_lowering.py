@@ -197,3 +197,16 @@ def test_an_executable_keeps_no_stored_values_after_a_run(monkeypatch):
     assert made and all(ref() is None for ref in made)
     _check(exe, ctx, bounds, outputs)
     assert results[outputs[0]].shape == (4, 20)
+
+
+def test_a_plans_per_iteration_arrays_are_moved_to_the_device_once():
+    """The branches, masks and rows a lowered loop's plan passes to every call of its scan
+    (shared by the plans of translated entries) are device arrays, not NumPy arrays that
+    each call would move again; the values are still the reference's."""
+    import jax
+    ctx, bounds, outputs = _recurrences()
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered", nests=False))
+    _check(exe, ctx, bounds, outputs)
+    templates = [t for launch in exe._launchers.values() for t in launch.planner.templates]
+    arrays = [a for t in templates for a in (*t.plan.branches, *t.plan.active, *t.plan.rows_at)]
+    assert arrays and all(isinstance(a, jax.Array) for a in arrays)
