@@ -102,6 +102,24 @@ every span does: on an H200 (2026-11-27, greedy decoding of 8K tokens, small con
 of 64 iterations ran a generation in 1.3 s at batch 1 and 2.2 s at batch 8, spans as long
 as the stacked outputs allowed (about 1,400) in 4.9-6.0 s and 5.3-5.8 s."""
 
+CPU_STACKED_MB = 64.0
+"""``LoopPolicy.max_stacked_mb``'s default on a CPU (see there)."""
+ACCELERATOR_STACKED_SHARE = 1 / 16
+"""Its default on an accelerator, as a share of the device's memory: there the stacked
+outputs are device memory, and a loop left interpreted for them costs a launch and host
+round trips per iteration (on an H100, n-step's acting loop over 3x64x64 observations at
+T=250, 95 MiB stacked: see ``benchmarks/README.md``)."""
+
+
+def stacked_cap_mb(policy: LoopPolicy, backend: JaxBackend) -> float:
+    """The most MiB a lowered loop's outputs may hold stacked: the policy's
+    ``max_stacked_mb``, or by default ``CPU_STACKED_MB`` on a CPU and
+    ``ACCELERATOR_STACKED_SHARE`` of the device's memory on an accelerator."""
+    if policy.max_stacked_mb is not None:
+        return policy.max_stacked_mb
+    limit = None if backend.on_cpu else (backend.jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+    return limit * ACCELERATOR_STACKED_SHARE / 2**20 if limit else CPU_STACKED_MB
+
 
 @dataclass
 class LoopChoice:
@@ -330,6 +348,7 @@ class LoopLauncher:
                  bounds: dict[Symbol, int], backend: JaxBackend, policy: LoopPolicy, choice: LoopChoice):
         loop, outer = lowerable.loop, lowerable.outer
         self.bounds, self.backend, self.policy, self.choice = bounds, backend, policy, choice
+        self.max_stacked_mb = stacked_cap_mb(policy, backend)
         deferred = _sinks(loop, statements, graph) if lowerable.spans else frozenset()
         self.planner = LoopPlanner(loop, outer, statements, graph, bounds, backend, deferred)
         self.execs = self.planner.execs
@@ -636,7 +655,7 @@ class LoopLauncher:
             at = int(np.searchsorted(iterations, n))
             if at < len(iterations) and iterations[at] < stop:
                 row += nbytes
-        return int(self.policy.max_stacked_mb * 2**20 // max(row, 1))
+        return int(self.max_stacked_mb * 2**20 // max(row, 1))
 
     def _block_reads(self, pos: int, layout: KernelBuffers, points: list[np.ndarray],
                      prefix: tuple[int, ...]) -> _Reads:
@@ -695,9 +714,9 @@ class LoopLauncher:
         stacked outputs the loop's sinks read, with their stores, their copy to the host
         started (``_call_sinks``)."""
         stacked = self._stacked_bytes(plan) / 2**20
-        if stacked > self.policy.max_stacked_mb:
+        if stacked > self.max_stacked_mb:
             raise Unlowerable(f"its outputs stacked over the loop would hold {stacked:.0f} MiB, more than "
-                              f"LoopPolicy.max_stacked_mb={self.policy.max_stacked_mb:g}")
+                              f"LoopPolicy.max_stacked_mb={self.max_stacked_mb:g}")
         signature = plan.signature if span is None else (plan.signature, span.signature)
         fn = self.traced.get(signature)
         args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.rows_at, plan.carry_init)

@@ -199,6 +199,26 @@ def test_an_executable_keeps_no_stored_values_after_a_run(monkeypatch):
     assert results[outputs[0]].shape == (4, 20)
 
 
+def test_the_stacked_cap_is_the_policys_else_by_the_device():
+    """``max_stacked_mb``: the policy's when given; by default 64 MiB on a CPU and a
+    sixteenth of the device's memory on an accelerator (whose ``memory_stats`` says it)."""
+    from types import SimpleNamespace
+
+    from tempo.runtime.backends import JaxBackend
+    from tempo.runtime.lowering import CPU_STACKED_MB, stacked_cap_mb
+    cpu = JaxBackend()
+    assert cpu.on_cpu and stacked_cap_mb(tp.LoopPolicy(), cpu) == CPU_STACKED_MB == 64
+    assert stacked_cap_mb(tp.LoopPolicy(max_stacked_mb=8), cpu) == 8
+    device = SimpleNamespace(memory_stats=lambda: {"bytes_limit": 80 * 2**30})
+    gpu = SimpleNamespace(on_cpu=False, jax=SimpleNamespace(devices=lambda: [device]))
+    assert stacked_cap_mb(tp.LoopPolicy(), gpu) == 80 * 1024 / 16
+    assert stacked_cap_mb(tp.LoopPolicy(max_stacked_mb=8), gpu) == 8
+    unknown = SimpleNamespace(on_cpu=False, jax=SimpleNamespace(devices=lambda: [SimpleNamespace(memory_stats=lambda: None)]))
+    assert stacked_cap_mb(tp.LoopPolicy(), unknown) == CPU_STACKED_MB
+    with pytest.raises(ValueError, match="max_stacked_mb"):
+        tp.LoopPolicy(max_stacked_mb=-1)
+
+
 def test_a_plans_per_iteration_arrays_are_moved_to_the_device_once():
     """The branches, masks and rows a lowered loop's plan passes to every call of its scan
     (shared by the plans of translated entries) are device arrays, not NumPy arrays that
