@@ -170,7 +170,8 @@ class _Job:
         for enabled in _pipelines_to_try(passes):
             state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
                               next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel, tile=self.tile,
-                              shapes_compiled=runtime.name == "jax", bounded=bounded,
+                              shapes_compiled=runtime.name == "jax", accelerator=not runtime.on_cpu,
+                              bounded=bounded,
                               sharded=self.sharded)
             optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
             _check_split(optimized, self.sharded, state.notes)

@@ -406,6 +406,24 @@ def _slice(xp: Any, p: dict, x: Any) -> Any:
 register("slice", _infer_slice, _slice, along_dim=True, linear=(0,))
 
 
+def _infer_window(x: TensorType, start: TensorType, dim: int, size: Expr) -> tuple[TensorType]:
+    dim = normalize_dim(dim, x.ndim)
+    return (TensorType(x.shape[:dim] + (as_expr(size),) + x.shape[dim + 1:], x.dtype),)
+
+
+def _window(xp: Any, p: dict, x: Any, start: Any) -> Any:
+    """``size`` rows of ``x`` along ``dim`` from row ``start`` (an input: one program for
+    every start), zeros past its end."""
+    dim, size = p["dim"], p["size"]
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (0, size)
+    return xp.take(xp.pad(x, widths), start + xp.arange(size), axis=dim)
+
+
+# A slice of varying length padded to ``size`` rows (``tempo.passes.tile``).
+register("window", _infer_window, _window)
+
+
 def _infer_take(x: TensorType, idx: TensorType, dim: int) -> tuple[TensorType]:
     dim = normalize_dim(dim, x.ndim)
     if np.dtype(idx.dtype).kind not in "iu":

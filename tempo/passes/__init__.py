@@ -55,6 +55,9 @@ class PassState:
     shapes_compiled: bool = False
     """The backend compiles a program per shape (JAX): varying-length reads are worth
     padding to a few lengths."""
+    accelerator: bool = False
+    """The backend runs on an accelerator: host work on a device value waits for it
+    (``tempo.passes.tile`` pads the slices of values laid out along a dim there)."""
     renamed: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     """Where the values of ``keep`` ops went when fusion took them: ``(op, out) -> (fused
     op, out)``."""

@@ -8,8 +8,23 @@ their shapes take a few values only (one, for a window) and they compile, fuse a
 static programs.
 
 For each group of reads of the same length the pass follows the varying axis through the
-ops it flows into (the region): elementwise ops and permutes keep it, matmuls keep it or
-contract it, reductions keep it or remove it. Every read of the group then delivers
+ops it flows into (the region): elementwise ops, permutes and inserted dims keep it,
+matmuls keep it or contract it, reductions keep it or remove it, and so do discounted
+sums; a cumulative sum along it keeps it (its rows before the padding sum no padded row).
+The region also takes in values of the same length that no read delivers: an ``arange``
+of it (``arange(stop - t)`` beside ``x[t:stop]``: its padded rows count on past the
+points) and, on an accelerator, a slice of a value the vectorize pass laid out along the
+dim (n-step's ``r[t:min(t+n, T)]`` of rewards computed for every ``t`` at once), which
+becomes a ``window`` op: its first row an input, so that one program runs every step,
+zeros past the value's end (on a CPU such a slice's ops run on the host in NumPy, which
+measured as fast as one jitted kernel per step; on an accelerator each of them waits for
+the device). Values are followed through reads at the same point, or at its part over
+fewer dims (a value over ``t`` broadcast to ``(i, t)``). The schedule that keeps memory
+bounded (``PassState.bounded``) takes none of the ops that depend on the order of the
+padded rows (cumulative and discounted sums, ``arange``, slices): there n-step's returns
+lie inside the recurrence that interleaves acting and learning, whose needed points the
+masks left without a fixpoint in reasonable time (``memory=low`` compiled in more than
+150 s, against 12 s unpadded). Every read of the group then delivers
 ``Z * ceil(length / Z)`` rows (``Slice.pad``): its points, then rows that are not points
 (unwritten or stale rows of the store, or zeros). Those rows are masked where the axis is
 removed: ``-inf`` before a maximum, zero before a sum or a contraction (the padded rows of
@@ -36,8 +51,8 @@ from tempo.ir.graph import SDG, Edge, Op
 from tempo.ir.ops import kinds_with, normalize_dim
 from tempo.ir.types import TensorType
 from tempo.passes.contract import input_type
-from tempo.passes.rewrite import identity_read, recomputed_needed
-from tempo.symbolic.expr import Expr, Slice, Symbol, compile_function, const
+from tempo.passes.rewrite import recomputed_needed
+from tempo.symbolic.expr import TRUE, Expr, Slice, Symbol, compile_function, const
 
 if TYPE_CHECKING:
     from tempo.passes import PassState
@@ -87,22 +102,33 @@ def tile_dynamic_slices(graph: SDG, state: PassState) -> SDG:
         count = _varying_count(edge, state.bounds)
         if count is not None:
             groups.setdefault(count, []).append(edge)
+    slicers: dict[Expr, list[Op]] = {}
+    ordered = not state.bounded
+    for op in graph.ops.values() if state.accelerator and ordered else ():
+        if op.kind == "slice":
+            count = (op.params["stop"] - op.params["start"]).substitute(state.bounds)
+            if not count.is_const:
+                slicers.setdefault(count, []).append(op)
     regions: list[tuple[list[Edge], _Region]] = []
-    for count, reads in groups.items():
-        name = f"{reads[0].src.name}[{reads[0].phi[reads[0].slices[0]]}]"
-        dim = _varying_dim(count, reads[0].sink.domain, state.bounds)
+    for count in {**groups, **slicers}:
+        reads, ops = groups.get(count, []), slicers.get(count, [])
+        first = reads[0].sink if reads else ops[0]
+        name = f"{reads[0].src.name}[{reads[0].phi[reads[0].slices[0]]}]" if reads else ops[0].name
+        dim = _varying_dim(count, first.domain, state.bounds)
         if dim is None:
             state.notes.append(f"tile: {name} left unpadded: its length varies with more than one dim")
             continue
         pad, tile, shapes = _padding(count, dim, state)
         region = _Region(pad, count)
-        why = _grow(graph, reads, region, state.keep)
+        aranges = _aranges_of(graph, count, dim, state.bounds) if ordered else []
+        why = _grow(graph, reads, region, state.keep, aranges, ops, ordered)
         if why is not None:
             state.notes.append(f"tile: {name} left unpadded: {why}")
             continue
         regions.append((reads, region))
         what = f"padded to {pad} rows" if shapes == 1 else f"padded to tiles of {tile} rows ({shapes} shapes)"
-        state.notes.append(f"tile: {name} and {len(reads) - 1} more read(s) of that length {what}, "
+        more = len(reads) + len(ops) - 1
+        state.notes.append(f"tile: {name} and {more} more read(s) of that length {what}, "
                            f"{len(region.masks)} mask(s)")
     if not regions:
         return graph
@@ -142,11 +168,24 @@ def _padding(count: Expr, dim: Symbol, state: PassState) -> tuple[Expr, int, int
     return (count + (tile - 1)) // tile * tile, tile, -(-longest // tile)
 
 
+def _aranges_of(graph: SDG, count: Expr, dim: Symbol, bounds: dict[Symbol, int]) -> list[Op]:
+    """The ``arange`` ops over ``dim`` as long as the group's reads (``arange(stop - t)``
+    beside a read of ``x[t:stop]``: the positions of the read's points), which the region
+    pads with them: their padded rows count on past the points, as a read's are masked."""
+    return [op for op in graph.ops.values() if op.kind == "arange" and dim in op.domain
+            and op.params["size"].substitute(bounds) == count]
+
+
 # ---- the region ---------------------------------------------------------------------------
-def _grow(graph: SDG, reads: list[Edge], region: _Region, keep: set[int]) -> str | None:
+def _grow(graph: SDG, reads: list[Edge], region: _Region, keep: set[int],
+          aranges: list[Op] = (), slicers: list[Op] = (), ordered: bool = True) -> str | None:
     """Fill ``region`` with the values the padded axis flows through and the masks it
-    needs; a reason when the group cannot be padded."""
-    domain = reads[0].sink.domain
+    needs, from the group's ``reads``, the ``slicers`` of that length (slices of a value
+    laid out along the dim, ``tempo.passes.vectorize``: padded with zeros) and the
+    ``aranges`` of that length; a reason when the group cannot be padded. ``ordered``:
+    through ops that depend on the order of the padded rows (cumulative and discounted
+    sums) too."""
+    domain = (reads[0].sink if reads else slicers[0]).domain
     inputs: dict[tuple[int, int], _Axis] = {}
     for edge in reads:
         if edge.sink.domain != domain:
@@ -154,12 +193,27 @@ def _grow(graph: SDG, reads: list[Edge], region: _Region, keep: set[int]) -> str
         rank = len(edge.src.outputs[edge.src_out].shape)
         inputs[(edge.sink.id, edge.sink_in)] = _Axis(-1 - rank, read=True)
     consumers = graph.consumers()
-    for op in _forward_order(graph, consumers, {edge.sink.id for edge in reads}):
+    seeds = [(op, _Axis(-1)) for op in aranges]
+    for op in slicers:
+        if op.domain != domain:
+            return f"{op.name} is over other dims than the readers"
+        rank = len(op.outputs[0].shape)
+        seeds.append((op, _Axis(normalize_dim(op.params["dim"], rank) - rank, zero=True, read=True)))
+    for op, axis in seeds:
+        if op.id in keep:
+            return f"{op.name}, an output of the program, has the padded axis"
+        region.values[(op.id, 0)] = axis
+        for edge in consumers[op.id]:
+            if not _same_point(edge):
+                return f"{edge.sink.name} reads {op.name} other than at its own point"
+            inputs[(edge.sink.id, edge.sink_in)] = axis
+    starts = {edge.sink.id for edge in reads} | {e.sink.id for op, _ in seeds for e in consumers[op.id]}
+    for op in _forward_order(graph, consumers, starts):
         edges = graph.in_edges(op)
         axes = [inputs.get((op.id, k)) for k in range(len(edges))]
         if all(a is None for a in axes):
             continue
-        rule = _rule(op, edges, axes)
+        rule = _rule(op, edges, axes, ordered)
         if isinstance(rule, str):
             return f"{op.name} ({op.kind}) {rule}"
         out, masks = rule
@@ -170,10 +224,17 @@ def _grow(graph: SDG, reads: list[Edge], region: _Region, keep: set[int]) -> str
             return f"{op.name}, an output of the program, has the padded axis"
         region.values[(op.id, 0)] = out
         for edge in consumers[op.id]:
-            if not identity_read(edge) or edge.sink.kind == "sum_readers":
+            if not _same_point(edge) or edge.sink.kind == "sum_readers":
                 return f"{edge.sink.name} reads {op.name} other than at its own point"
             inputs[(edge.sink.id, edge.sink_in)] = out
     return None
+
+
+def _same_point(edge: Edge) -> bool:
+    """The sink at ``p`` reads the source at ``p`` itself (or at the part of ``p`` over
+    the source's dims: a value over fewer dims broadcast to the sink's), unconditionally."""
+    return edge.cond is TRUE and not edge.slices and tuple(edge.phi) == tuple(edge.src.domain) \
+        and set(edge.src.domain) <= set(edge.sink.domain)
 
 
 def _forward_order(graph: SDG, consumers: dict[int, list[Edge]], sinks: set[int]) -> list[Op]:
@@ -182,10 +243,10 @@ def _forward_order(graph: SDG, consumers: dict[int, list[Edge]], sinks: set[int]
     reached, stack = set(sinks), list(sinks)
     while stack:
         for edge in consumers[stack.pop()]:
-            if identity_read(edge) and edge.sink.id not in reached:
+            if _same_point(edge) and edge.sink.id not in reached:
                 reached.add(edge.sink.id)
                 stack.append(edge.sink.id)
-    waiting = {k: sum(1 for e in graph.inputs[k] if e.src.id in reached and identity_read(e))
+    waiting = {k: sum(1 for e in graph.inputs[k] if e.src.id in reached and _same_point(e))
                for k in reached}
     ready = sorted(k for k, n in waiting.items() if n == 0)
     order = []
@@ -193,7 +254,7 @@ def _forward_order(graph: SDG, consumers: dict[int, list[Edge]], sinks: set[int]
         k = ready.pop(0)
         order.append(graph.ops[k])
         for edge in consumers[k]:
-            if edge.sink.id in reached and identity_read(edge):
+            if edge.sink.id in reached and _same_point(edge):
                 waiting[edge.sink.id] -= 1
                 if waiting[edge.sink.id] == 0:
                     ready.append(edge.sink.id)
@@ -203,7 +264,7 @@ def _forward_order(graph: SDG, consumers: dict[int, list[Edge]], sinks: set[int]
 Rule = tuple[_Axis | None, list[tuple[int, float]]] | str
 
 
-def _rule(op: Op, edges: list[Edge], axes: list[_Axis | None]) -> Rule:
+def _rule(op: Op, edges: list[Edge], axes: list[_Axis | None], ordered: bool = True) -> Rule:
     """Where the padded axis is in ``op``'s output (None: removed) and which inputs are
     masked with what first; a reason string where the op cannot take a padded input."""
     ranks = [len(e.src.outputs[e.src_out].shape) + len(e.slices) for e in edges]
@@ -217,6 +278,8 @@ def _rule(op: Op, edges: list[Edge], axes: list[_Axis | None]) -> Rule:
         return _Axis(dims.index(axis.at + rank) - rank, axis.zero, axis.read), []
     if op.kind == "matmul":
         return _matmul(axes, ranks)
+    if op.kind == "unsqueeze" or ordered and op.kind in ("cumsum", "discounted_sum"):
+        return _along(op, axes[0], ranks[0])
     if op.kind in _FILL:
         (axis,), (rank,) = axes, ranks
         dims = {normalize_dim(d, rank) for d in op.params["dims"]}
@@ -229,6 +292,22 @@ def _rule(op: Op, edges: list[Edge], axes: list[_Axis | None]) -> Rule:
         kept = at - sum(1 for d in dims if d < at)
         return _Axis(kept - (rank - len(dims)), axis.zero), []
     return "cannot take a padded input"
+
+
+def _along(op: Op, axis: _Axis, rank: int) -> Rule:
+    """A cumulative sum (its rows before the padding are the points' own: they sum no
+    padded row), a discounted sum (a reduction: padded rows masked with zeros) or an
+    inserted dim, along the padded axis or another."""
+    at = axis.at + rank
+    if op.kind == "unsqueeze":
+        dim = normalize_dim(op.params["dim"], rank + 1)
+        return _Axis(at + (dim <= at) - (rank + 1), axis.zero, axis.read), []
+    dim = normalize_dim(op.params["dim"], rank)
+    if op.kind == "cumsum":
+        return _Axis(axis.at, axis.zero and dim != at), []
+    if dim == at:
+        return None, [] if axis.zero else [(0, 0.0)]
+    return _Axis(at - (dim < at) - (rank - 1), axis.zero), []
 
 
 def _elementwise(op: Op, edges: list[Edge], axes: list[_Axis | None], ranks: list[int]) -> Rule:
@@ -278,12 +357,25 @@ def _rebuilt(graph: SDG, regions: list[tuple[list[Edge], _Region]], state: PassS
             shape[axis.at] = region.pad
             outputs = tuple(TensorType(tuple(shape), t.dtype) if n == k else t
                             for n, t in enumerate(op.outputs))
-            new_ops[op_id] = replace(op, outputs=outputs)
+            params = {**op.params, "size": region.pad} if op.kind == "arange" else op.params
+            new_ops[op_id] = replace(op, outputs=outputs, params=params)
     masks = {(op_id, k): (fill, at, region) for _, region in regions for op_id, k, fill, at in region.masks}
     counts: dict[tuple, Op] = {}
     out = SDG()
+    windows = {op_id for op_id in new_ops if graph.ops[op_id].kind == "slice"}
     for op in graph.ops.values():
-        out.add_op(new_ops.get(op.id, op))
+        new = new_ops.get(op.id, op)
+        if op.id in windows:
+            new = replace(new, kind="window", params={"dim": op.params["dim"], "size": new.outputs[0].shape[
+                normalize_dim(op.params["dim"], len(op.outputs[0].shape))]})
+        out.add_op(new)
+    starts = {}  # a window's first row: an input, so that every start runs one program
+    for op_id in windows:
+        op = graph.ops[op_id]
+        starts[op_id] = out.add_op(Op(state.next_id, "eval_symbol",
+                                      {"expr": op.params["start"], "dtype": "int32", "in_run": True},
+                                      op.domain, (TensorType((), "int32"),), op.site, "tile_start"))
+        state.next_id += 1
     for op in graph.ops.values():
         for edge in graph.in_edges(op):
             phi = edge.phi
@@ -297,6 +389,8 @@ def _rebuilt(graph: SDG, regions: list[tuple[list[Edge], _Region]], state: PassS
             if mask is not None:
                 read = _masked(out, read, *mask, counts, state)
             out.add_edge(read)
+        if op.id in starts:
+            out.add_edge(Edge(out.ops[op.id], 1, starts[op.id], 0, op.domain))
     return out
 
 

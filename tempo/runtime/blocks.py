@@ -86,6 +86,17 @@ def widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: di
     return all(d.symbols() <= known for d in shapes)
 
 
+ORDERED_KINDS = frozenset({"cumsum", "discounted_sum", "arange", "window"})
+"""Ops whose values depend on the order of a padded axis's rows (``tempo.passes.tile``
+lets one through: a cumulative or discounted sum along it, an ``arange`` of its length, a
+padded slice): a kernel holding one reads its rows in the points' order."""
+
+
+def _kinds(op: Op) -> set[str]:
+    """The kinds of op ``op`` runs: a fused op's members'."""
+    return {m.kind for m in op.params["members"]} if op.kind == "fused" else {op.kind}
+
+
 def reads_rings_whole(op: Op, edges: list[Edge], blocks: list[int], sources: list[Any]) -> bool:
     """Whether ``op``'s kernel may read its block reads ``blocks`` (from ``sources``) as
     whole rings, their rows in ring order (``WindowStore.ring_slice``): every one is a
@@ -94,9 +105,12 @@ def reads_rings_whole(op: Op, edges: list[Edge], blocks: list[int], sources: lis
     kernel does not take from a device buffer, or a value of the padded axis made by
     another kernel or read by one (without fusion, the scores' matmul is a kernel of its
     own). A value of that length for another reason (a hidden size equal to the window)
-    is refused too: the points' order is then kept."""
+    is refused too: the points' order is then kept. So is a kernel holding an op whose
+    values depend on that order (``ORDERED_KINDS``)."""
     reads = [edges[k] for k in blocks]
     if not reads or not all(e.tiled and isinstance(store, WindowStore) for e, store in zip(reads, sources)):
+        return False
+    if _kinds(op) & ORDERED_KINDS:
         return False
     padded = {e.phi[-1].pad for e in reads}
     others = [e for k, e in enumerate(edges) if k not in blocks]

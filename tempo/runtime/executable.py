@@ -761,11 +761,12 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     A kernel whose block reads are all tiled reads of windows' rings reads the whole rings,
     their rows in ring order rather than in the points' (no slice: a window decoder's
     attention reads its keys and values as they lie), where nothing else it reads or makes
-    has the padded length (``reads_rings_whole``). The order does not matter to such a
-    kernel: the tile pass lets a padded axis flow only through elementwise ops between
-    values of the same reads, permutes, matmuls and reductions, and masks the rows past a
-    read's points, so one permutation of every read's rows that keeps the masked rows
-    masked changes the values only by the order of floating-point sums.
+    has the padded length and it holds no op whose values depend on the rows' order
+    (``reads_rings_whole``, ``blocks.ORDERED_KINDS``). The order does not matter to such a
+    kernel: the tile pass lets a padded axis flow otherwise only through elementwise ops
+    between values of the same reads, permutes, matmuls and reductions, and masks the rows
+    past a read's points, so one permutation of every read's rows that keeps the masked
+    rows masked changes the values only by the order of floating-point sums.
 
     The kernel is compiled for each count of rows the reads take (a tiled read's few
     lengths). At the first launch the counts of the later points along the innermost dim

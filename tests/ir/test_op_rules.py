@@ -20,6 +20,7 @@ NO_GRADIENT_RULE = {
     "scatter_gather": "made by autodiff (gather's gradient); not differentiated again",
     "fused": "made by the fusion pass, after differentiation",
     "mask_rows": "made by the tiling pass, after differentiation",
+    "window": "made by the tiling pass, after differentiation",
     "put_row": "made by the newest-rows pass, after differentiation",
     "shard": "made by the parallel pass under a Distribution, after differentiation",
 }
@@ -34,6 +35,7 @@ NO_BATCHING_RULE = {
     "sum_readers": "vectorize's own rule (contract.whole_window_reads)",
     "fused": "made after vectorization",
     "mask_rows": "made after vectorization",
+    "window": "made after vectorization (by the tiling pass)",
     "put_row": "made after vectorization (by the newest-rows pass)",
 }
 

@@ -9,6 +9,7 @@ import pytest
 
 import tempo as tp
 from tempo.ir.graph import has_static_shapes
+from tempo.passes import PIPELINE
 from tempo.reference import evaluate
 
 T_VALUE, H = 11, 4
@@ -138,3 +139,108 @@ def test_mask_rows_keeps_the_first_rows_of_its_axis():
         expected = x.copy()
         expected[:, 3:, :] = -np.inf
         np.testing.assert_array_equal(got, expected)
+
+
+R = RNG.normal(size=(T_VALUE,)).astype(np.float32)
+DONE = (RNG.random(T_VALUE) < 0.3).astype(np.float32)
+
+
+def _n_step_returns(n: int = 4, computed: bool = False):
+    """n-step's returns (``tempo_rl.algorithms.nstep``) over ``r[t:min(t+n, T)]``, a window
+    that shrinks at the end: discounted rewards up to the first episode end, through a
+    cumulative sum, and the bootstrap at the last step included, found with an ``arange``
+    of the window's length. ``computed``: over iterations ``i`` too, rewards and ends
+    computed from ``i`` and ``t`` (the vectorize pass lays them out along ``t``, and the
+    windows become slices of them)."""
+    from tempo.api.tensor import arange
+    ctx = tp.Context(dims=("i", "t") if computed else ("t",))
+    t, T = ctx.dims[-1], ctx.bounds[-1]
+    with ctx:
+        if computed:
+            steps = tp.symbol_value(t).astype("float32") + tp.symbol_value(ctx.dims[0]).astype("float32")
+            r, done = (steps * 0.37).sin() * 2.0, ((steps % 3.0) == 2.0).astype("float32")
+        else:
+            r, done = tp.const(R)[t] * 2.0, tp.const(DONE)[t] * 1.0
+        stop = tp.min(t + n, T)
+        window = (*ctx.dims[:-1], slice(t, stop))
+        alive = ((done[window].cumsum(0) - done[window]) == 0).astype("float32")
+        is_last = (arange(ctx, stop - t) == stop - t - 1).astype("float32").unsqueeze(-1)
+        ends = alive.unsqueeze(-1) * tp.max(done[window].unsqueeze(-1), is_last)
+        out = (r[window] * alive).discounted_sum(0.9) + (ends * r[window].unsqueeze(-1)).discounted_sum(0.9)
+    return ctx, {T: T_VALUE, **({ctx.bounds[0]: 2} if computed else {})}, out
+
+
+def _reference_n_step_returns(n: int = 4, i: int | None = None) -> np.ndarray:
+    """The returns by hand: of the constants, or of the computed rewards at iteration ``i``."""
+    steps = np.arange(T_VALUE, dtype=np.float32) + (i or 0)
+    rewards, dones = (np.sin(steps * 0.37) * 2.0, (steps % 3 == 2).astype(np.float32)) if i is not None \
+        else (R * 2.0, DONE)
+    out = []
+    for t in range(T_VALUE):
+        r, done = rewards[t:t + n], dones[t:t + n]
+        alive = (np.cumsum(done) - done == 0).astype(np.float32)
+        is_last = (np.arange(len(r)) == len(r) - 1).astype(np.float32)
+        ends = alive * np.maximum(done, is_last)
+        weights = 0.9 ** np.arange(len(r))
+        out.append([(weights * r * alive).sum() + (weights * ends * r).sum()])
+    return np.asarray(out, np.float32).reshape(T_VALUE, 1)
+
+
+NO_VECTORIZE = [name for name, _ in PIPELINE if name != "vectorize"]
+
+
+def test_a_shrinking_window_through_cumulative_and_discounted_sums_is_padded():
+    """The window's reads, the arange of its length, the cumulative sum (its rows before
+    the padding sum no padded row), the inserted dims and the discounted sums (padded rows
+    masked with zeros) are padded to one static shape; the values are the reference
+    evaluator's and the returns computed by hand."""
+    ctx, bounds, out = _n_step_returns()
+    exe = ctx.compile(bounds, [out], backend="jax", passes=NO_VECTORIZE)
+    assert "padded to 4 rows" in _tile_note(exe)
+    for op in exe.graph.ops.values():
+        assert has_static_shapes(op, exe.graph.in_edges(op), set(exe.bounds), tiled=True), op
+    got = np.asarray(exe.run()[out])
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [out])[out.key], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, _reference_n_step_returns(), rtol=1e-5, atol=1e-6)
+
+
+def _on_an_accelerator(monkeypatch) -> None:
+    """Compile as for an accelerator (``PassState.accelerator``), on this CPU."""
+    from tempo import compiler
+    from tempo.passes import PassState
+    monkeypatch.setattr(compiler, "PassState", lambda *a, **k: PassState(*a, **{**k, "accelerator": True}))
+
+
+@pytest.mark.parametrize("accelerator", [True, False])
+def test_slices_of_a_vectorized_value_are_padded_on_an_accelerator(monkeypatch, accelerator):
+    """Vectorized over ``t``, the rewards are one value and the window a slice of it at
+    each step: on an accelerator (forced here) the slices become ``window`` ops of a
+    static shape with their start as an input, padded with zeros; on a CPU they stay
+    slices run on the host. The values are the reference's either way."""
+    if accelerator:
+        _on_an_accelerator(monkeypatch)
+    ctx, bounds, out = _n_step_returns(computed=True)
+    exe = ctx.compile(bounds, [out], backend="jax")
+    kinds = {m.kind for op in exe.graph.ops.values()
+             for m in (op.params["members"] if op.kind == "fused" else [op])}
+    assert ("window" in kinds) == accelerator and ("slice" in kinds) != accelerator, kinds
+    assert ("padded to 4 rows" in "\n".join(exe.report.notes)) == accelerator
+    got = np.asarray(exe.run()[out])
+    want = np.stack([_reference_n_step_returns(i=i) for i in range(2)])
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("start", [0, 3, 9, 11])
+def test_a_window_op_takes_its_rows_then_zeros(start):
+    """``window``: ``size`` rows from ``start`` along ``dim``, zeros past the end, alike on
+    NumPy and JAX."""
+    import jax.numpy as jnp
+
+    from tempo.ir.ops import OPS
+    from tempo.runtime.backends import JaxBackend
+    x = RNG.normal(size=(3, 11)).astype(np.float32)
+    want = np.concatenate([x, np.zeros((3, 4), np.float32)], 1)[:, start:start + 4]
+    params = {"dim": 1, "size": 4}
+    np.testing.assert_array_equal(OPS["window"].kernel(np, params, x, np.int32(start)), want)
+    got = OPS["window"].kernel(JaxBackend().xp, params, jnp.asarray(x), jnp.int32(start))
+    np.testing.assert_array_equal(np.asarray(got), want)

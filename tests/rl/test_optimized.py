@@ -58,3 +58,31 @@ def test_vectorized_and_unvectorized_programs_train_the_same(tmp_path, algorithm
         for name in losses:
             np.testing.assert_allclose(fast[name], slow[name], rtol=1e-4, atol=1e-6, err_msg=name)
     assert vectorized.episode_returns == plain.episode_returns
+
+
+@pytest.mark.parametrize("algorithm", ["nstep", "reinforce", "ppo"])
+def test_programs_compiled_as_for_an_accelerator_train_the_same(tmp_path, monkeypatch, algorithm):
+    """What an accelerator compiles differently (windows of laid-out rewards padded into
+    ``window`` ops, ``PassState.accelerator``; rollouts read whole kept in device buffers,
+    ``executable.fixed_reads_on_device``), forced on this CPU, changes where the work runs,
+    not what it computes: the same losses and episodes as the CPU's program."""
+    from tempo import compiler
+    from tempo.passes import PassState
+    from tempo.runtime import executable
+    common = (f"algorithm={algorithm}", "env.num_envs=2", "total_timesteps=192", "algorithm.num_steps=32",
+              "backend=jax", *(["algorithm.num_minibatches=2", "algorithm.update_epochs=2"]
+                               if algorithm == "ppo" else []))
+    cpu = train(config(*common), tmp_path / "cpu", progress=False)
+    monkeypatch.setattr(compiler, "PassState", lambda *a, **k: PassState(*a, **{**k, "accelerator": True}))
+    monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend: True)
+    accelerator = train(config(*common), tmp_path / "accelerator", progress=False)
+    if algorithm != "ppo":  # n-step's and REINFORCE's windows became window ops
+        assert any(n.startswith("tile: ") and "padded to" in n for n in accelerator.compile_notes), \
+            accelerator.compile_notes
+        assert not any(n.startswith("tile: ") and "padded to" in n for n in cpu.compile_notes)
+    losses = [name for name in cpu.history[0] if name.startswith("losses/")]
+    assert losses and len(accelerator.history) == len(cpu.history) == 3
+    for fast, slow in zip(accelerator.history, cpu.history):
+        for name in losses:
+            np.testing.assert_allclose(fast[name], slow[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert accelerator.episode_returns == cpu.episode_returns and cpu.episode_returns

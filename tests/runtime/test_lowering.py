@@ -213,7 +213,8 @@ def test_the_stacked_cap_is_the_policys_else_by_the_device():
     gpu = SimpleNamespace(on_cpu=False, jax=SimpleNamespace(devices=lambda: [device]))
     assert stacked_cap_mb(tp.LoopPolicy(), gpu) == 80 * 1024 / 16
     assert stacked_cap_mb(tp.LoopPolicy(max_stacked_mb=8), gpu) == 8
-    unknown = SimpleNamespace(on_cpu=False, jax=SimpleNamespace(devices=lambda: [SimpleNamespace(memory_stats=lambda: None)]))
+    silent = SimpleNamespace(memory_stats=lambda: None)
+    unknown = SimpleNamespace(on_cpu=False, jax=SimpleNamespace(devices=lambda: [silent]))
     assert stacked_cap_mb(tp.LoopPolicy(), unknown) == CPU_STACKED_MB
     with pytest.raises(ValueError, match="max_stacked_mb"):
         tp.LoopPolicy(max_stacked_mb=-1)
