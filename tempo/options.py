@@ -84,8 +84,9 @@ class LoopPolicy:
     stays interpreted, writing each iteration's values to their stores as it goes: a
     scan holds its stacked outputs whole, and XLA copies them besides (n-step's acting
     loop over 3x64x64 observations at T=1000 on a CPU, lowered: 1.62 GB peak RSS against
-    0.87 GB interpreted, for 10% less time per iteration). None: 64 MiB on a CPU, a
-    sixteenth of the device's memory on an accelerator (``lowering.stacked_cap_mb``)."""
+    0.87 GB interpreted, for 10% less time per iteration). None: 64 MiB on a CPU, on an
+    accelerator a sixteenth of the memory JAX's allocator may use there
+    (``lowering.stacked_cap_mb``)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

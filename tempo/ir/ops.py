@@ -407,6 +407,8 @@ register("slice", _infer_slice, _slice, along_dim=True, linear=(0,))
 
 
 def _infer_window(x: TensorType, start: TensorType, dim: int, size: Expr) -> tuple[TensorType]:
+    if start.ndim or np.dtype(start.dtype).kind not in "iu":
+        raise ShapeError(f"a window's first row is one integer, not {start.dtype}{_fmt(start.shape)}")
     dim = normalize_dim(dim, x.ndim)
     return (TensorType(x.shape[:dim] + (as_expr(size),) + x.shape[dim + 1:], x.dtype),)
 

@@ -17,8 +17,8 @@ points) and, on an accelerator, a slice of a value the vectorize pass laid out a
 dim (n-step's ``r[t:min(t+n, T)]`` of rewards computed for every ``t`` at once), which
 becomes a ``window`` op: its first row an input, so that one program runs every step,
 zeros past the value's end (on a CPU such a slice's ops run on the host in NumPy, which
-measured as fast as one jitted kernel per step; on an accelerator each of them waits for
-the device). Values are followed through reads at the same point, or at its part over
+measured faster there than one jitted kernel per step; on an accelerator each of them
+waits for the device). Values are followed through reads at the same point, or at its part over
 fewer dims (a value over ``t`` broadcast to ``(i, t)``). The schedule that keeps memory
 bounded (``PassState.bounded``) takes none of the ops that depend on the order of the
 padded rows (cumulative and discounted sums, ``arange``, slices): there n-step's returns
@@ -42,6 +42,7 @@ NumPy, which runs any shape as it comes, reads are padded only with an explicit 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -122,6 +123,9 @@ def tile_dynamic_slices(graph: SDG, state: PassState) -> SDG:
         region = _Region(pad, count)
         aranges = _aranges_of(graph, count, dim, state.bounds) if ordered else []
         why = _grow(graph, reads, region, state.keep, aranges, ops, ordered)
+        if why is not None and reads and (aranges or ops):  # without them, as before
+            region, ops = _Region(pad, count), []
+            why = _grow(graph, reads, region, state.keep, ordered=ordered)
         if why is not None:
             state.notes.append(f"tile: {name} left unpadded: {why}")
             continue
@@ -178,7 +182,7 @@ def _aranges_of(graph: SDG, count: Expr, dim: Symbol, bounds: dict[Symbol, int])
 
 # ---- the region ---------------------------------------------------------------------------
 def _grow(graph: SDG, reads: list[Edge], region: _Region, keep: set[int],
-          aranges: list[Op] = (), slicers: list[Op] = (), ordered: bool = True) -> str | None:
+          aranges: Sequence[Op] = (), slicers: Sequence[Op] = (), ordered: bool = True) -> str | None:
     """Fill ``region`` with the values the padded axis flows through and the masks it
     needs, from the group's ``reads``, the ``slicers`` of that length (slices of a value
     laid out along the dim, ``tempo.passes.vectorize``: padded with zeros) and the
@@ -198,7 +202,8 @@ def _grow(graph: SDG, reads: list[Edge], region: _Region, keep: set[int],
         if op.domain != domain:
             return f"{op.name} is over other dims than the readers"
         rank = len(op.outputs[0].shape)
-        seeds.append((op, _Axis(normalize_dim(op.params["dim"], rank) - rank, zero=True, read=True)))
+        # Its padded rows are the value's next rows (or zeros past its end): finite, not zeros.
+        seeds.append((op, _Axis(normalize_dim(op.params["dim"], rank) - rank, read=True)))
     for op, axis in seeds:
         if op.id in keep:
             return f"{op.name}, an output of the program, has the padded axis"

@@ -69,23 +69,6 @@ ms at 1,024 rows). Greedy decoding (small config, causal, one kernel per positio
 1,386, 1,035 / 1,138; batch 8 at 2K 3,847 / 3,987 at 1/3, 4,477 / 4,453 at 0.6."""
 
 
-def widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: dict,
-                         known: set[Symbol]) -> bool:
-    """Whether ``op``'s kernel may read whole buffers where its reads ``blocks`` ask for
-    their first rows: every such read is padded to tiles (``tempo.passes.tile``: the
-    kernel masks every row past the read's points, whatever their number) from a growing
-    block store (a window's ring does not start at row 0), and nothing else the kernel
-    reads or makes has the padded length (it would not match the whole buffer's)."""
-    reads = [edges[k] for k in blocks]
-    if not reads or not all(e.tiled and not isinstance(source_store(e, stores), WindowStore) for e in reads):
-        return False
-    others = [e for k, e in enumerate(edges) if k not in blocks]
-    shapes = [d for t in op.outputs for d in t.shape]
-    for e in others:
-        shapes += [*e.src.outputs[e.src_out].shape, *(x.size for x in e.phi if isinstance(x, Slice))]
-    return all(d.symbols() <= known for d in shapes)
-
-
 ORDERED_KINDS = frozenset({"cumsum", "discounted_sum", "arange", "window"})
 """Ops whose values depend on the order of a padded axis's rows (``tempo.passes.tile``
 lets one through: a cumulative or discounted sum along it, an ``arange`` of its length, a
@@ -95,6 +78,26 @@ padded slice): a kernel holding one reads its rows in the points' order."""
 def _kinds(op: Op) -> set[str]:
     """The kinds of op ``op`` runs: a fused op's members'."""
     return {m.kind for m in op.params["members"]} if op.kind == "fused" else {op.kind}
+
+
+def widens_prefix_reads(op: Op, edges: list[Edge], blocks: list[int], stores: dict,
+                         known: set[Symbol]) -> bool:
+    """Whether ``op``'s kernel may read whole buffers where its reads ``blocks`` ask for
+    their first rows: every such read is padded to tiles (``tempo.passes.tile``: the
+    kernel masks every row past the read's points, whatever their number) from a growing
+    block store (a window's ring does not start at row 0), and nothing else the kernel
+    reads or makes has the padded length (it would not match the whole buffer's), nor does
+    an op inside it (``ORDERED_KINDS``: an ``arange`` or a ``window`` of the padded length)."""
+    reads = [edges[k] for k in blocks]
+    if not reads or not all(e.tiled and not isinstance(source_store(e, stores), WindowStore) for e in reads):
+        return False
+    if _kinds(op) & ORDERED_KINDS:
+        return False
+    others = [e for k, e in enumerate(edges) if k not in blocks]
+    shapes = [d for t in op.outputs for d in t.shape]
+    for e in others:
+        shapes += [*e.src.outputs[e.src_out].shape, *(x.size for x in e.phi if isinstance(x, Slice))]
+    return all(d.symbols() <= known for d in shapes)
 
 
 def reads_rings_whole(op: Op, edges: list[Edge], blocks: list[int], sources: list[Any]) -> bool:

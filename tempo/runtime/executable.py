@@ -410,8 +410,9 @@ def _merges_stepped_on_device(graph: SDG, on_device: Collection[int]) -> set[int
     """The merges whose values along their innermost dim come from device kernels (or
     such merges): every input read at a point that moves with that dim has one as its
     source (an env's observation in the graph: the reset, a host op's, only at the first
-    step). Those read at fixed points (a reset, the last iteration's last step) may be
-    host values: a row each."""
+    step). The others, read at points that do not move with it (a reset, the last
+    iteration's last step), may be host values, written into a device buffer a row each
+    (not checked: a host value broadcast along the dim costs a row's move per step)."""
     merges = [op for op in graph.ops.values() if op.kind == "merge" and op.domain]
     found: set[int] = set()
     changed = True
@@ -421,7 +422,7 @@ def _merges_stepped_on_device(graph: SDG, on_device: Collection[int]) -> set[int
             if op.id in found:
                 continue
             inner = op.domain[-1]
-            stepped = [e for e in graph.in_edges(op) if e.phi and inner in e.phi[-1].symbols()]
+            stepped = [e for e in graph.in_edges(op) if any(inner in x.symbols() for x in e.phi)]
             if stepped and all(e.src.id in on_device or e.src.id in found for e in stepped):
                 found.add(op.id)
                 changed = True
@@ -499,8 +500,8 @@ def fixed_reads_on_device(backend: Backend) -> bool:
     (``BlockStore.write_rows`` waits for the loop) and back at every read, and a host
     round trip stops the host from running ahead of the device: on an H100 (2026-11-27)
     n-step and REINFORCE over 3x64x64 observations at T=250 ran 0.38 and 0.26 s an
-    iteration against 0.88 and 0.77, PPO on gymnax at the paper's size 71 ms against 83
-    (``benchmarks/README.md``). On a CPU the two measured the same (those programs,
+    iteration against 0.88 and 0.77, PPO on gymnax at the paper's size 71-72 ms against
+    79-87 (with a profiler on; ``benchmarks/README.md``). On a CPU the two measured the same (those programs,
     2026-11-27), and host buffers keep a rollout written one row per step (a host env's
     acting loop) free of a device update per row."""
     return not backend.on_cpu
@@ -520,8 +521,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                merge_on_device: bool = False) -> Any:
     """The store of output ``k`` of ``op``. Where readers slice its innermost dim, a block
     store. Its buffers are on the device where ``op`` and every such reader are ops in
-    ``on_device`` (device kernels with static shapes; a host op's or a merge's values are
-    host arrays already), the readers' slices are tiled (a growing slice read at every
+    ``on_device`` (device kernels with static shapes; a host op's values are host arrays
+    already, and a merge's may be), the readers' slices are tiled (a growing slice read at every
     step, ``tempo.passes.tile``: a host buffer would wait for each row written) or, on an
     accelerator, read at fixed rows (``fixed_reads_on_device``; there also where ``op`` is a
     merge of device values, ``merge_on_device``) and, on a CPU, a buffer holds at most

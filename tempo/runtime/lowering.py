@@ -98,14 +98,17 @@ TIMED_ENTRIES = 2
 SINK_SPAN = 64
 """Where a sink runs, spans end at multiples of this many iterations (or of a smaller
 power of two, ``_sink_cap``): the sinks are called after each span. On an accelerator
-every span does: on an H200 (2026-11-27, greedy decoding of 8K tokens, small config) spans
-of 64 iterations ran a generation in 1.3 s at batch 1 and 2.2 s at batch 8, spans as long
-as the stacked outputs allowed (about 1,400) in 4.9-6.0 s and 5.3-5.8 s."""
+every span does: on an H200 (2026-11-27, decoding 8K tokens, small config) the streamed
+generation, in spans of 64, ran in 1.3 s at batch 1 and 2.2 s at batch 8, the greedy one,
+in spans as long as the stacked outputs allowed (about 1,400), in 4.9-6.0 s and 5.3-5.8 s.
+With greedy spans capped so too, an H100 still took about 5 s a greedy generation at batch
+1 (``benchmarks/README.md``): the spans' length was not what made it slow."""
 
 CPU_STACKED_MB = 64.0
 """``LoopPolicy.max_stacked_mb``'s default on a CPU (see there)."""
 ACCELERATOR_STACKED_SHARE = 1 / 16
-"""Its default on an accelerator, as a share of the device's memory: there the stacked
+"""Its default on an accelerator, as a share of the memory JAX's allocator may use there
+(``memory_stats()["bytes_limit"]``: by default 75% of a GPU's): there the stacked
 outputs are device memory, and a loop left interpreted for them costs a launch and host
 round trips per iteration (on an H100, n-step's acting loop over 3x64x64 observations at
 T=250, 95 MiB stacked: see ``benchmarks/README.md``)."""
@@ -114,7 +117,8 @@ T=250, 95 MiB stacked: see ``benchmarks/README.md``)."""
 def stacked_cap_mb(policy: LoopPolicy, backend: JaxBackend) -> float:
     """The most MiB a lowered loop's outputs may hold stacked: the policy's
     ``max_stacked_mb``, or by default ``CPU_STACKED_MB`` on a CPU and
-    ``ACCELERATOR_STACKED_SHARE`` of the device's memory on an accelerator."""
+    ``ACCELERATOR_STACKED_SHARE`` of the memory its allocator may use on an accelerator
+    (``CPU_STACKED_MB`` where the device does not say)."""
     if policy.max_stacked_mb is not None:
         return policy.max_stacked_mb
     limit = None if backend.on_cpu else (backend.jax.devices()[0].memory_stats() or {}).get("bytes_limit")

@@ -102,9 +102,9 @@ class Plan:
                                                # iteration's: written from the final carry
     consts: list[Any]
     stacked: list[Any]
-    branches: list[np.ndarray]                 # per merge of the body: the branch per iteration
-    active: list[np.ndarray]                   # per masked output: whether its op runs, per iteration
-    rows_at: list[np.ndarray]                  # per sparse output: per iteration, the row its
+    branches: list[Any]                        # per merge of the body: the branch per iteration
+    active: list[Any]                          # per masked output: whether its op runs, per iteration
+    rows_at: list[Any]                         # per sparse output: per iteration, the row its
                                                # value goes to (one past the last: none)
     carry_init: dict[tuple[int, int], Any]
     zeros: tuple[tuple[int, int], ...]         # carries that start at zeros (no stored point

@@ -592,7 +592,8 @@ class HostBuffers:
 class DeviceBuffers:
     """Block buffers in the backend's memory (the device, on JAX), for stores that a
     device kernel writes and device kernels read in tiled slices (``tempo.passes.tile``
-    pads a growing slice such as ``k[0:t+1]``): a row is written by a kernel that takes
+    pads a growing slice such as ``k[0:t+1]``), or on an accelerator read whole by kernels
+    outside the dim (a rollout, ``executable.fixed_reads_on_device``): a row is written by a kernel that takes
     the buffer over (no copy, no wait for the value; the kernel making the row, where
     ``tempo.runtime.executable`` can, ``JaxBackend.block_kernel``), the kernels reading a
     slice slice the buffer themselves, and nothing goes through the host (a host buffer
@@ -665,8 +666,9 @@ class BlockStore:
     released once each of its rows has been written and freed (reallocating it whenever
     it is momentarily empty would cost O(T) per step). Buffers are host memory
     (``HostBuffers``), or the device's (``DeviceBuffers``) where a device kernel writes
-    them and device kernels read them in tiled slices. A buffer holds every row from the
-    start, or (``step``) grows by whole tiles as its rows are written.
+    them and device kernels read them in tiled slices (or, on an accelerator, whole). A
+    buffer holds every row from the start, or (``step``) grows by whole tiles as its rows
+    are written.
     """
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,

@@ -204,21 +204,22 @@ def test_a_shrinking_window_through_cumulative_and_discounted_sums_is_padded():
     np.testing.assert_allclose(got, _reference_n_step_returns(), rtol=1e-5, atol=1e-6)
 
 
-def _on_an_accelerator(monkeypatch) -> None:
-    """Compile as for an accelerator (``PassState.accelerator``), on this CPU."""
+def _compiled_as_for(monkeypatch, accelerator: bool) -> None:
+    """Compile as for an accelerator or a CPU (``PassState.accelerator``), whatever this
+    machine has."""
     from tempo import compiler
     from tempo.passes import PassState
-    monkeypatch.setattr(compiler, "PassState", lambda *a, **k: PassState(*a, **{**k, "accelerator": True}))
+    monkeypatch.setattr(compiler, "PassState",
+                        lambda *a, **k: PassState(*a, **{**k, "accelerator": accelerator}))
 
 
 @pytest.mark.parametrize("accelerator", [True, False])
 def test_slices_of_a_vectorized_value_are_padded_on_an_accelerator(monkeypatch, accelerator):
     """Vectorized over ``t``, the rewards are one value and the window a slice of it at
-    each step: on an accelerator (forced here) the slices become ``window`` ops of a
-    static shape with their start as an input, padded with zeros; on a CPU they stay
-    slices run on the host. The values are the reference's either way."""
-    if accelerator:
-        _on_an_accelerator(monkeypatch)
+    each step: on an accelerator the slices become ``window`` ops of a static shape with
+    their start as an input, padded with zeros; on a CPU they stay slices run on the
+    host. The values are the reference's either way."""
+    _compiled_as_for(monkeypatch, accelerator)
     ctx, bounds, out = _n_step_returns(computed=True)
     exe = ctx.compile(bounds, [out], backend="jax")
     kinds = {m.kind for op in exe.graph.ops.values()
@@ -228,6 +229,28 @@ def test_slices_of_a_vectorized_value_are_padded_on_an_accelerator(monkeypatch, 
     got = np.asarray(exe.run()[out])
     want = np.stack([_reference_n_step_returns(i=i) for i in range(2)])
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_ending_before_its_value_masks_the_rows_after_it(monkeypatch):
+    """A backward window ``r[max(0, t-3):t+1]`` of a laid-out value, padded on an
+    accelerator: its padded rows are the value's next rows, not zeros, and the sums over
+    the window (a discounted one, one after a cumulative sum) mask them."""
+    _compiled_as_for(monkeypatch, True)
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        steps = tp.symbol_value(t).astype("float32") + tp.symbol_value(i).astype("float32")
+        r = (steps * 0.37).sin() * 2.0 + 3.0
+        window = (i, slice(tp.max(0, t - 3), t + 1))
+        out = r[window].discounted_sum(0.9) + r[window].cumsum(0).sum(0)
+    exe = ctx.compile({I: 2, T: T_VALUE}, [out], backend="jax")
+    assert "padded to 4 rows" in "\n".join(exe.report.notes), exe.report.notes
+    want = []
+    for k in range(2):
+        rewards = np.sin((np.arange(T_VALUE) + k) * 0.37) * 2.0 + 3.0
+        rows = [rewards[max(0, n - 3):n + 1] for n in range(T_VALUE)]
+        want.append([(0.9 ** np.arange(len(w)) * w).sum() + np.cumsum(w).sum() for w in rows])
+    np.testing.assert_allclose(np.asarray(exe.run()[out]).reshape(2, T_VALUE), want, rtol=1e-5)
 
 
 @pytest.mark.parametrize("start", [0, 3, 9, 11])

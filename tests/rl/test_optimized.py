@@ -64,7 +64,7 @@ def test_vectorized_and_unvectorized_programs_train_the_same(tmp_path, algorithm
 def test_programs_compiled_as_for_an_accelerator_train_the_same(tmp_path, monkeypatch, algorithm):
     """What an accelerator compiles differently (windows of laid-out rewards padded into
     ``window`` ops, ``PassState.accelerator``; rollouts read whole kept in device buffers,
-    ``executable.fixed_reads_on_device``), forced on this CPU, changes where the work runs,
+    ``executable.fixed_reads_on_device``), forced either way, changes where the work runs,
     not what it computes: the same losses and episodes as the CPU's program."""
     from tempo import compiler
     from tempo.passes import PassState
@@ -72,10 +72,13 @@ def test_programs_compiled_as_for_an_accelerator_train_the_same(tmp_path, monkey
     common = (f"algorithm={algorithm}", "env.num_envs=2", "total_timesteps=192", "algorithm.num_steps=32",
               "backend=jax", *(["algorithm.num_minibatches=2", "algorithm.update_epochs=2"]
                                if algorithm == "ppo" else []))
-    cpu = train(config(*common), tmp_path / "cpu", progress=False)
-    monkeypatch.setattr(compiler, "PassState", lambda *a, **k: PassState(*a, **{**k, "accelerator": True}))
-    monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend: True)
-    accelerator = train(config(*common), tmp_path / "accelerator", progress=False)
+    runs = {}
+    for name, on in (("cpu", False), ("accelerator", True)):  # whatever this machine has
+        monkeypatch.setattr(compiler, "PassState",
+                            lambda *a, on=on, **k: PassState(*a, **{**k, "accelerator": on}))
+        monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend, on=on: on)
+        runs[name] = train(config(*common), tmp_path / name, progress=False)
+    cpu, accelerator = runs["cpu"], runs["accelerator"]
     if algorithm != "ppo":  # n-step's and REINFORCE's windows became window ops
         assert any(n.startswith("tile: ") and "padded to" in n for n in accelerator.compile_notes), \
             accelerator.compile_notes

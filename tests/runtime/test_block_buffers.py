@@ -423,11 +423,13 @@ def test_a_merge_stepped_by_a_host_op_keeps_host_buffers(monkeypatch):
     assert placed.get("merge") is False and True in placed.values(), placed
 
 
-def test_fixed_reads_stay_in_host_memory_on_a_cpu():
+def test_fixed_reads_are_on_the_device_on_an_accelerator_only():
     """On a CPU (where both measured the same) the rule is off: host buffers."""
+    from types import SimpleNamespace
+
     from tempo.runtime import executable
-    from tempo.runtime.backends import JaxBackend
-    assert not executable.fixed_reads_on_device(JaxBackend())
+    assert not executable.fixed_reads_on_device(SimpleNamespace(on_cpu=True))
+    assert executable.fixed_reads_on_device(SimpleNamespace(on_cpu=False))
 
 
 @pytest.mark.parametrize("loops", ["lowered", "interpreted"])
@@ -444,3 +446,6 @@ def test_an_op_without_dims_reads_a_device_buffer_whole(monkeypatch, loops):
         exe = ctx.compile({T: 10}, [s], backend="jax", loops=tp.LoopPolicy(loops))
         got = exe.run()[s]
     np.testing.assert_allclose(got, evaluate(ctx, {T: 10}, [s])[s.key], rtol=1e-5, atol=1e-5)
+    from tempo.runtime.stores import BlockStore
+    blocks = [store for store in _stores_of(exe).values() if isinstance(store, BlockStore)]
+    assert blocks and all(store.buffers.on_device for store in blocks)
