@@ -362,18 +362,18 @@ def _rebuilt(graph: SDG, regions: list[tuple[list[Edge], _Region]], state: PassS
             shape[axis.at] = region.pad
             outputs = tuple(TensorType(tuple(shape), t.dtype) if n == k else t
                             for n, t in enumerate(op.outputs))
-            params = {**op.params, "size": region.pad} if op.kind == "arange" else op.params
-            new_ops[op_id] = replace(op, outputs=outputs, params=params)
+            kind, params = op.kind, op.params
+            if kind == "arange":
+                params = {**params, "size": region.pad}
+            elif kind == "slice":  # a slicer seed: its start becomes an input (below)
+                kind, params = "window", {"dim": params["dim"], "size": region.pad}
+            new_ops[op_id] = replace(op, kind=kind, outputs=outputs, params=params)
     masks = {(op_id, k): (fill, at, region) for _, region in regions for op_id, k, fill, at in region.masks}
     counts: dict[tuple, Op] = {}
     out = SDG()
-    windows = {op_id for op_id in new_ops if graph.ops[op_id].kind == "slice"}
+    windows = {op_id for op_id, op in new_ops.items() if op.kind == "window"}
     for op in graph.ops.values():
-        new = new_ops.get(op.id, op)
-        if op.id in windows:
-            new = replace(new, kind="window", params={"dim": op.params["dim"], "size": new.outputs[0].shape[
-                normalize_dim(op.params["dim"], len(op.outputs[0].shape))]})
-        out.add_op(new)
+        out.add_op(new_ops.get(op.id, op))
     starts = {}  # a window's first row: an input, so that every start runs one program
     for op_id in windows:
         op = graph.ops[op_id]

@@ -501,9 +501,9 @@ def fixed_reads_on_device(backend: Backend) -> bool:
     round trip stops the host from running ahead of the device: on an H100 (2026-11-27)
     n-step and REINFORCE over 3x64x64 observations at T=250 ran 0.38 and 0.26 s an
     iteration against 0.88 and 0.77, PPO on gymnax at the paper's size 71-72 ms against
-    79-87 (with a profiler on; ``benchmarks/README.md``). On a CPU the two measured the same (those programs,
-    2026-11-27), and host buffers keep a rollout written one row per step (a host env's
-    acting loop) free of a device update per row."""
+    79-87 (with a profiler on; ``benchmarks/README.md``). On a CPU the two measured the
+    same (those programs, 2026-11-27), and host buffers keep a rollout written one row per
+    step (a host env's acting loop) free of a device update per row."""
     return not backend.on_cpu
 
 
@@ -522,8 +522,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     """The store of output ``k`` of ``op``. Where readers slice its innermost dim, a block
     store. Its buffers are on the device where ``op`` and every such reader are ops in
     ``on_device`` (device kernels with static shapes; a host op's values are host arrays
-    already, and a merge's may be), the readers' slices are tiled (a growing slice read at every
-    step, ``tempo.passes.tile``: a host buffer would wait for each row written) or, on an
+    already, and a merge's may be), the readers' slices are tiled (a growing slice read at
+    every step, ``tempo.passes.tile``: a host buffer would wait for each row written) or, on an
     accelerator, read at fixed rows (``fixed_reads_on_device``; there also where ``op`` is a
     merge of device values, ``merge_on_device``) and, on a CPU, a buffer holds at most
     ``CPU_DEVICE_BUFFER_BYTES``; else in host memory.
@@ -538,13 +538,11 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         length = bounds[bound_of[op.domain[-1]]]
         rows = _padded_end(readers, bounds, bound_of)
         buffer_bytes = max(length, rows) * int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-        tiled = all(not e.slices or e.sink.id in on_device and e.tiled for e in readers)
-        fixed = fixed_reads_on_device(backend) and all(
-            not e.slices or e.sink.id in on_device and (e.tiled or _reads_fixed_rows(e, op, bounds))
-            for e in readers)
-        device = backend.name == "jax" and not swapped \
+        fixed = fixed_reads_on_device(backend)
+        device = backend.name == "jax" and not swapped and (op.id in on_device or merge_on_device) \
             and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
-            and (op.id in on_device and (tiled or fixed) or merge_on_device and fixed)
+            and all(not e.slices or e.sink.id in on_device
+                    and (e.tiled or fixed and _reads_fixed_rows(e, op, bounds)) for e in readers)
         axis = _rows_axis(op, readers)
         buffers = DeviceBuffers(backend, axis) if device else HostBuffers(backend.view_of_host, axis)
         if window is not None:
