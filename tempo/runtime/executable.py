@@ -393,7 +393,7 @@ def _make_stores(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, S
     on_device = {op.id for op in graph.ops.values()  # device kernels (a merge passes values on)
                  if not op.definition.host and op.kind not in ("merge", "sum_readers")
                  and has_static_shapes(op, graph.in_edges(op), known, tiled=True)}
-    merges = _merges_stepped_on_device(graph, on_device) if fixed_reads_on_device(backend) else set()
+    merges = _merges_stepped_on_device(graph, on_device)
     stores = {}
     for op in graph.ops.values():
         for k in range(len(op.outputs)):
@@ -492,21 +492,6 @@ reads took whole buffers). On an accelerator a host buffer would cross to the de
 every read: device arrays always."""
 
 
-def fixed_reads_on_device(backend: Backend) -> bool:
-    """Whether a store whose slice readers outside its innermost dim read the same rows
-    at every point (a rollout read whole by the learner, ``x[i, 0:T]``) keeps device
-    buffers where the writer and readers are device kernels: on an accelerator. There a
-    host buffer costs the rows' trip to the host as soon as a lowered loop has made them
-    (``BlockStore.write_rows`` waits for the loop) and back at every read, and a host
-    round trip stops the host from running ahead of the device: on an H100 (2026-11-27)
-    n-step and REINFORCE over 3x64x64 observations at T=250 ran 0.38 and 0.26 s an
-    iteration against 0.88 and 0.77, PPO on gymnax at the paper's size 71-72 ms against
-    79-87 (with a profiler on; ``benchmarks/README.md``). On a CPU the two measured the
-    same (those programs, 2026-11-27), and host buffers keep a rollout written one row per
-    step (a host env's acting loop) free of a device update per row."""
-    return not backend.on_cpu
-
-
 def _reads_fixed_rows(edge: Edge, op: Op, bounds: dict[Symbol, int]) -> bool:
     """Whether ``edge`` reads a run of ``op``'s innermost dim fixed by the bounds alone
     (``0:T``), from a point outside that dim: a read of rows that are all written before."""
@@ -523,10 +508,16 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     store. Its buffers are on the device where ``op`` and every such reader are ops in
     ``on_device`` (device kernels with static shapes; a host op's values are host arrays
     already, and a merge's may be), the readers' slices are tiled (a growing slice read at
-    every step, ``tempo.passes.tile``: a host buffer would wait for each row written) or, on an
-    accelerator, read at fixed rows (``fixed_reads_on_device``; there also where ``op`` is a
-    merge of device values, ``merge_on_device``) and, on a CPU, a buffer holds at most
-    ``CPU_DEVICE_BUFFER_BYTES``; else in host memory.
+    every step, ``tempo.passes.tile``: a host buffer would wait for each row written) or
+    read at fixed rows (``_reads_fixed_rows``: a rollout read whole by the learner; there
+    also where ``op`` is a merge of device values, ``merge_on_device``) and, on a CPU, a
+    buffer holds at most ``CPU_DEVICE_BUFFER_BYTES``; else in host memory. A host buffer
+    for fixed reads would cost the rows' trip to the host as soon as a lowered loop made
+    them (``BlockStore.write_rows`` waits for the loop) and back at every read, and the
+    wait stops the host from running ahead of the device: on an H100 (2026-11-27) n-step
+    and REINFORCE over 3x64x64 observations at T=250 ran 0.38 and 0.26 s an iteration
+    against 0.88 and 0.77, and on a 2-core CPU PPO on gymnax CartPole at its default size
+    4.2-5.0 ms an iteration against 5.1-6.8 (``benchmarks/README.md``).
     Otherwise a point store (in host memory if ``swapped``; counting split values over a
     mesh)."""
     t = op.outputs[k]
@@ -538,11 +529,10 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
         length = bounds[bound_of[op.domain[-1]]]
         rows = _padded_end(readers, bounds, bound_of)
         buffer_bytes = max(length, rows) * int(np.prod(shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-        fixed = fixed_reads_on_device(backend)
         device = backend.name == "jax" and not swapped and (op.id in on_device or merge_on_device) \
             and (not backend.on_cpu or buffer_bytes <= CPU_DEVICE_BUFFER_BYTES) \
             and all(not e.slices or e.sink.id in on_device
-                    and (e.tiled or fixed and _reads_fixed_rows(e, op, bounds)) for e in readers)
+                    and (e.tiled or _reads_fixed_rows(e, op, bounds)) for e in readers)
         axis = _rows_axis(op, readers)
         buffers = DeviceBuffers(backend, axis) if device else HostBuffers(backend.view_of_host, axis)
         if window is not None:

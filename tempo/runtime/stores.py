@@ -592,8 +592,8 @@ class HostBuffers:
 class DeviceBuffers:
     """Block buffers in the backend's memory (the device, on JAX), for stores that a
     device kernel writes and device kernels read in tiled slices (``tempo.passes.tile``
-    pads a growing slice such as ``k[0:t+1]``), or on an accelerator read whole by kernels
-    outside the dim (a rollout, ``executable.fixed_reads_on_device``): a row is written by
+    pads a growing slice such as ``k[0:t+1]``), or read whole by kernels outside the dim (a
+    rollout, ``executable._reads_fixed_rows``): a row is written by
     a kernel that takes the buffer over (no copy, no wait for the value; the kernel making
     the row, where ``tempo.runtime.executable`` can, ``JaxBackend.block_kernel``), the
     kernels reading a slice slice the buffer themselves, and nothing goes through the host

@@ -63,12 +63,10 @@ def test_vectorized_and_unvectorized_programs_train_the_same(tmp_path, algorithm
 @pytest.mark.parametrize("algorithm", ["nstep", "reinforce", "ppo"])
 def test_programs_compiled_as_for_an_accelerator_train_the_same(tmp_path, monkeypatch, algorithm):
     """What an accelerator compiles differently (windows of laid-out rewards padded into
-    ``window`` ops, ``PassState.accelerator``; rollouts read whole kept in device buffers,
-    ``executable.fixed_reads_on_device``), forced either way, changes where the work runs,
-    not what it computes: the same losses and episodes as the CPU's program."""
+    ``window`` ops, ``PassState.accelerator``), forced either way, changes where the work
+    runs, not what it computes: the same losses and episodes as the CPU's program."""
     from tempo import compiler
     from tempo.passes import PassState
-    from tempo.runtime import executable
     common = (f"algorithm={algorithm}", "env.num_envs=2", "total_timesteps=192", "algorithm.num_steps=32",
               "backend=jax", *(["algorithm.num_minibatches=2", "algorithm.update_epochs=2"]
                                if algorithm == "ppo" else []))
@@ -76,7 +74,6 @@ def test_programs_compiled_as_for_an_accelerator_train_the_same(tmp_path, monkey
     for name, on in (("cpu", False), ("accelerator", True)):  # whatever this machine has
         monkeypatch.setattr(compiler, "PassState",
                             lambda *a, on=on, **k: PassState(*a, **{**k, "accelerator": on}))
-        monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend, on=on: on)
         runs[name] = train(config(*common), tmp_path / name, progress=False)
     cpu, accelerator = runs["cpu"], runs["accelerator"]
     if algorithm != "ppo":  # n-step's and REINFORCE's windows became window ops

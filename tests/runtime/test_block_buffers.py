@@ -385,15 +385,11 @@ def _rollout_sums(host_step: bool = False):
 
 
 @pytest.mark.parametrize("loops", ["lowered", "interpreted"])
-@pytest.mark.parametrize("fixed", [True, False])
-def test_rows_read_whole_stay_on_the_device_where_fixed_reads_are(monkeypatch, fixed, loops):
+def test_rows_read_whole_stay_on_the_device(loops):
     """A store read whole by an op outside its innermost dim (a rollout read by the
-    learner) keeps device buffers where ``fixed_reads_on_device`` holds (an accelerator;
-    forced here), also a merge of device values; else host buffers, as on a CPU. The
-    values are the reference evaluator's either way."""
-    from tempo.runtime import executable
+    learner) keeps device buffers, also a merge of device values; the values are the
+    reference evaluator's."""
     from tempo.runtime.stores import BlockStore
-    monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend: fixed)
     ctx, bounds, s = _rollout_sums()
     with ctx:
         exe = ctx.compile(bounds, [s], backend="jax", loops=tp.LoopPolicy(loops))
@@ -402,17 +398,15 @@ def test_rows_read_whole_stay_on_the_device_where_fixed_reads_are(monkeypatch, f
     blocks = {exe.graph.ops[op].kind: store for (op, _), store in _stores_of(exe).items()
               if isinstance(store, BlockStore)}
     assert "merge" in blocks and len(blocks) == 2, blocks
-    assert all(store.buffers.on_device == fixed for store in blocks.values())
-    assert (exe.stats.peak_host_bytes == 0) == fixed
+    assert all(store.buffers.on_device for store in blocks.values())
+    assert exe.stats.peak_host_bytes == 0
 
 
-def test_a_merge_stepped_by_a_host_op_keeps_host_buffers(monkeypatch):
+def test_a_merge_stepped_by_a_host_op_keeps_host_buffers():
     """A merge whose values along ``t`` come from a host op (a host env's observations)
-    keeps host buffers even where fixed reads are on the device: a device buffer would
-    take a host row at every step. The device kernel's store beside it moves."""
-    from tempo.runtime import executable
+    keeps host buffers: a device buffer would take a host row at every step. The device
+    kernel's store beside it is on the device."""
     from tempo.runtime.stores import BlockStore
-    monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend: True)
     ctx, bounds, s = _rollout_sums(host_step=True)
     with ctx:
         exe = ctx.compile(bounds, [s], backend="jax")
@@ -423,21 +417,10 @@ def test_a_merge_stepped_by_a_host_op_keeps_host_buffers(monkeypatch):
     assert placed.get("merge") is False and True in placed.values(), placed
 
 
-def test_fixed_reads_are_on_the_device_on_an_accelerator_only():
-    """On a CPU (where both measured the same) the rule is off: host buffers."""
-    from types import SimpleNamespace
-
-    from tempo.runtime import executable
-    assert not executable.fixed_reads_on_device(SimpleNamespace(on_cpu=True))
-    assert executable.fixed_reads_on_device(SimpleNamespace(on_cpu=False))
-
-
 @pytest.mark.parametrize("loops", ["lowered", "interpreted"])
-def test_an_op_without_dims_reads_a_device_buffer_whole(monkeypatch, loops):
+def test_an_op_without_dims_reads_a_device_buffer_whole(loops):
     """An op without dims (a point ``()``) reading every row of a device buffer: its
     block launcher has no later points to compile ahead; the value is the reference's."""
-    from tempo.runtime import executable
-    monkeypatch.setattr(executable, "fixed_reads_on_device", lambda backend: True)
     ctx = tp.Context(dims=("t",))
     (t,), (T,) = ctx.dims, ctx.bounds
     with ctx:
