@@ -23,13 +23,21 @@ from tempo.ir.ops import param_symbols, resolve_params
 from tempo.ir.readers import compile_reader_sum
 from tempo.options import LoopPolicy, MemoryPolicy
 from tempo.runtime.backends import Backend
-from tempo.runtime.blocks import KernelBuffers, device_blocks, kernel_buffers, source_store, whole_buffers
+from tempo.runtime.blocks import (
+    KernelBuffers,
+    device_block_slice,
+    device_blocks,
+    kernel_buffers,
+    source_store,
+    whole_buffers,
+)
 from tempo.runtime.footprint import Footprint, Prediction
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.profile import RunProfile, XlaCompiles
 from tempo.runtime.stores import (
     BlockStore,
+    BufferShape,
     CountedTwice,
     DeviceBuffers,
     HostBuffers,
@@ -312,6 +320,7 @@ def _compile_ahead(root: ast.Node, schedule: Schedule, graph: SDG, stores: dict,
     may (its first launch often donates nothing: an initial value is held by the constant
     it came from too; later ones donate)."""
     seen = set()
+    first = ast.first_points(root)
     for node in ast.statements(root):
         stmt = schedule.statements.get(node.name)  # (not a lowered loop's statement)
         if stmt is None or stmt.kind != "exec" or node.name in seen:
@@ -321,6 +330,9 @@ def _compile_ahead(root: ast.Node, schedule: Schedule, graph: SDG, stores: dict,
         edges = graph.in_edges(op)
         inputs = _kernel_inputs(op, edges, stores, bounds)
         if inputs is None:
+            future = _block_launch_ahead(op, edges, stores, bounds, namespace[node.name], first[node.name])
+            if future is not None:
+                futures.append(future)
             continue
         donate = tuple(k for k, e in enumerate(edges)  # device values: a host op's stay NumPy
                        if schedule.last_reads.get(e, FALSE) is not FALSE and not e.src.definition.host
@@ -341,21 +353,51 @@ def _kernel_inputs(op: Op, edges: list[Edge], stores: dict,
     of point stores and of host block buffers, and slices of point stores or of host
     block buffers (a slice's rows where the edge wants them, ``Edge.rows_at``), writing
     no device block buffer. Else None."""
-    if op.definition.host or op.kind in ("merge", "sum_readers", "const") \
-            or param_symbols(op.params) & set(op.domain) or not has_static_shapes(op, edges, set(bounds)) \
+    if not _kernel_known_ahead(op, edges, bounds) \
             or any(device_blocks(stores[(op.id, k)]) for k in range(len(op.outputs))):
         return None
-    inputs = []
+    inputs = [_input_type(edge, stores, bounds) for edge in edges]
+    return None if None in inputs else inputs  # type: ignore[return-value]
+
+
+def _kernel_known_ahead(op: Op, edges: list[Edge], bounds: dict[Symbol, int]) -> bool:
+    """A device kernel with static shapes and params."""
+    return not (op.definition.host or op.kind in ("merge", "sum_readers", "const")
+                or param_symbols(op.params) & set(op.domain) or not has_static_shapes(op, edges, set(bounds)))
+
+
+def _input_type(edge: Edge, stores: dict, bounds: dict[Symbol, int]) -> tuple[tuple[int, ...], str] | None:
+    """The shape and dtype of what a device launcher reads through ``edge``, where known
+    before the run: a point of a point store or of host block buffers, a slice of a point
+    store or of host block buffers (its rows where the edge wants them); else None."""
+    store = source_store(edge, stores)
+    if type(store) not in (PointStore, BlockStore, WindowStore) or device_blocks(store) \
+            or len(edge.slices) > 1 and (type(store) is not PointStore or edge.rows_at):
+        return None
+    t = edge.src.outputs[edge.src_out]
+    sizes = tuple(edge.phi[k].size for k in edge.slices)
+    shape = rows_moved((*sizes, *t.shape), edge.rows_at) if sizes else t.shape
+    return tuple(int(d.evaluate(bounds)) for d in shape), t.dtype
+
+
+def _block_launch_ahead(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
+                        launch: Callable, point: tuple[int, ...]) -> Future | None:
+    """Start compiling the first launch of a block launcher reading device buffers (a
+    learner reading a rollout whole: the buffers are not made yet, their shapes are
+    known), where its other inputs' types are known; None where nothing was started."""
+    ahead = getattr(launch, "compile_ahead", None)
+    if ahead is None or not _kernel_known_ahead(op, edges, bounds):
+        return None
+    inputs: list[BufferShape | None] = []
     for edge in edges:
-        store = source_store(edge, stores)
-        if type(store) not in (PointStore, BlockStore, WindowStore) or device_blocks(store) \
-                or len(edge.slices) > 1 and (type(store) is not PointStore or edge.rows_at):
+        if device_block_slice(edge, stores):  # a buffer the kernel slices (``kernel_buffers``)
+            inputs.append(None)
+            continue
+        known = _input_type(edge, stores, bounds)
+        if known is None:
             return None
-        t = edge.src.outputs[edge.src_out]
-        sizes = tuple(edge.phi[k].size for k in edge.slices)
-        shape = rows_moved((*sizes, *t.shape), edge.rows_at) if sizes else t.shape
-        inputs.append((tuple(int(d.evaluate(bounds)) for d in shape), t.dtype))
-    return inputs
+        inputs.append(BufferShape(*known))
+    return ahead(point, inputs)
 
 
 def _after_compiling(futures: list[Future], launch: Callable) -> Callable:
@@ -845,6 +887,19 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             outs = (outs,)
         for write, out in zip(others, outs, strict=True):
             write(point, out)
+
+    def compile_ahead(point: tuple[int, ...], inputs: list[BufferShape | None]) -> Future | None:
+        """Start compiling the launch at ``point`` before the run reaches it, its buffers as
+        they will be then and its other inputs shaped as ``inputs`` (None at the buffers'
+        positions); only for a kernel writing no buffer and reading no window's ring (a
+        ring's first size depends on its writes; None: no launch to compile)."""
+        if written or rings:
+            return None
+        found = located([phi(*point) for _, phi in reads], ahead=True)
+        if any(f is None for f in found):
+            return None
+        return programs.ahead(buffer_kernel, launch_shape(found, []), arguments(inputs, found, [], []))
+    launch.compile_ahead = compile_ahead  # type: ignore[attr-defined]
     return launch
 
 
@@ -857,11 +912,21 @@ class _Programs:
         self.backend = backend
         self.compiled: set[tuple] = set()
         self.compiling: dict[tuple, Future] = {}  # shape -> the background compile
+        self.launched = False
 
     @property
     def first(self) -> bool:
-        """Whether no launch has been readied yet (nothing compiled or compiling)."""
-        return not self.compiled and not self.compiling
+        """Whether no launch has been readied yet."""
+        return not self.launched
+
+    def ahead(self, kernel: Callable, shape: tuple, args: tuple) -> Future | None:
+        """Start compiling launch ``shape`` of jitted ``kernel`` for arguments shaped as
+        ``args`` in the background, before any launch (None: it has a program or one on
+        the way)."""
+        if shape in self.compiled or shape in self.compiling:
+            return None
+        future = self.compiling[shape] = self.backend.compile_later(kernel, shape[0], args)
+        return future
 
     def ready(self, kernel: Callable, shape: tuple, later: list[tuple[tuple, tuple]]) -> None:
         """Before the first launch of ``shape`` (its reads' row counts first, the static
@@ -870,12 +935,13 @@ class _Programs:
         ``shape`` is being compiled there, wait for it (where it has not started, or
         failed, the call compiles in the foreground)."""
         if self.first:
+            self.launched = True
             first_launches: dict[tuple, tuple] = {}
             for later_shape, args in later:
                 first_launches.setdefault(later_shape, args)
             for later_shape, args in first_launches.items():
                 if later_shape != shape:
-                    self.compiling[later_shape] = self.backend.compile_later(kernel, later_shape[0], args)
+                    self.ahead(kernel, later_shape, args)
         pending = self.compiling.pop(shape, None)
         if pending is not None and not pending.cancel():
             pending.exception()  # waits

@@ -828,13 +828,21 @@ class BlockStore:
                 or any(isinstance(i, slice) for i in prefix):
             return None
         block = self.blocks.get(prefix)
-        if block is None:
+        if block is None and not ahead:
             return None
-        start = self._slot(prefix, last.start)
+        start = self._slot(prefix, last.start) if block is not None else last.start
         rows = last.stop - last.start if last.step is None else last.step
-        if ahead:
+        if block is None:  # a buffer to come, as its first write will make it
+            block = self.new_buffer_shape(start + rows - 1)
+            if block is None:
+                return None
+        elif ahead:
             block = self.shape_ahead(block, start + rows - 1)
         return (block, start, rows) if start + rows <= block.shape[self.rows_axis] else None
+
+    def new_buffer_shape(self, k: int) -> BufferShape | None:
+        """The shape of a buffer not made yet, once it holds row ``k``."""
+        return BufferShape(rows_moved((self.held(k), *self.shape), self.rows_axis), self.dtype)
 
     def shape_ahead(self, block: Any, k: int) -> BufferShape:
         """The shape of ``block`` once it holds row ``k`` (``block`` where it does not grow)."""
@@ -1015,6 +1023,10 @@ class WindowStore(BlockStore):
 
     def _slot(self, prefix: tuple[int, ...], k: int) -> int:
         return k % self.capacity[prefix]
+
+    def new_buffer_shape(self, k: int) -> None:
+        """Not known ahead: a ring's first capacity depends on its first writes."""
+        return None
 
     def _rows(self, prefix: tuple[int, ...], last: int | slice) -> Any:
         # A copy: a ring's rows are overwritten later. Not aligned on purpose: handing a copy

@@ -104,6 +104,24 @@ def statements(node: Node) -> Iterator[Stmt]:
             yield from statements(node.orelse)
 
 
+def first_points(node: Node, env: dict[Symbol, int] | None = None) -> dict[str, tuple[int, ...]]:
+    """Per statement of ``node`` (bounds substituted), its point at the first iteration of
+    each loop around it, in text order: where the program first reaches it, unless a
+    guard skips that iteration (guards are not evaluated)."""
+    env = env or {}
+    if isinstance(node, Stmt):
+        return {node.name: tuple(int(e.evaluate(env)) for e in node.index)}
+    if isinstance(node, Loop):
+        return first_points(node.body, {**env, node.var: int(node.start.evaluate(env))})
+    children = node.body if isinstance(node, Seq) else (node.then, node.orelse)
+    out: dict[str, tuple[int, ...]] = {}
+    for child in children:
+        if child is not None:
+            for name, point in first_points(child, env).items():
+                out.setdefault(name, point)
+    return out
+
+
 def range_stop(loop: Loop) -> Expr | None:
     """``stop`` when the loop condition is ``var < stop`` or ``var <= stop - 1``."""
     c = loop.cond

@@ -432,3 +432,33 @@ def test_an_op_without_dims_reads_a_device_buffer_whole(loops):
     from tempo.runtime.stores import BlockStore
     blocks = [store for store in _stores_of(exe).values() if isinstance(store, BlockStore)]
     assert blocks and all(store.buffers.on_device for store in blocks)
+
+
+@pytest.mark.parametrize("loops", ["lowered", "interpreted"])
+def test_a_learner_reading_a_rollout_from_device_buffers_compiles_ahead(monkeypatch, loops):
+    """The kernel reading a rollout whole from device buffers starts compiling in the
+    background before the run makes the buffers (their shapes are known ahead), and its
+    first launch finds that program on the way: no compile on the program's thread for
+    it. The values are the reference evaluator's."""
+    from tempo.runtime import executable
+    events = []
+    ahead, ready = executable._Programs.ahead, executable._Programs.ready
+
+    def recording_ahead(self, kernel, shape, args):
+        events.append(("ahead", shape))
+        return ahead(self, kernel, shape, args)
+
+    def recording_ready(self, kernel, shape, later):
+        events.append(("ready", shape, shape in self.compiling))
+        return ready(self, kernel, shape, later)
+    monkeypatch.setattr(executable._Programs, "ahead", recording_ahead)
+    monkeypatch.setattr(executable._Programs, "ready", recording_ready)
+    ctx, bounds, s = _rollout_sums()
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", loops=tp.LoopPolicy(loops))
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    # the learner's launch: two buffers read (12 rows each), none written (a writer, in
+    # the interpreted form, makes its buffer as it goes: not compiled ahead)
+    learner = ((12, 12), (12, 12), ())
+    assert events[0] == ("ahead", learner) and ("ready", learner, True) in events, events

@@ -81,3 +81,28 @@ def test_whole_range_reduction_runs_after_the_loop_that_produces_it():
     exe = ctx.compile({T: 6}, [z], backend="numpy")
     np.testing.assert_allclose(exe.run()[z], np.arange(6) - 2.5)
     assert len(_loops(exe.schedule.root)) == 2
+
+
+def test_first_points_are_where_the_program_first_reaches_each_statement():
+    """``ast.first_points``: each statement's point at the first iteration of the loops
+    around it (a later loop starting from an outer counter, the first text occurrence
+    winning), checked against running the program's text and recording the first calls."""
+    from tempo.symbolic.expr import Symbol, const
+    i, t = Symbol("c0", "loop"), Symbol("c1", "loop")
+    root = ast.Seq((
+        ast.Stmt("A", ()),
+        ast.Loop(i, const(2), i <= 4, 1, ast.Seq((
+            ast.Stmt("B", (i,)),
+            ast.Loop(t, i + 1, t <= 5, 2, ast.Stmt("C", (i, t - 1))),
+            ast.If(i >= 3, ast.Stmt("D", (i,)), ast.Stmt("B", (i + 10,))),
+        ))),
+    ))
+    first: dict[str, tuple] = {}
+    def call(stmt: ast.Stmt) -> str:
+        return f"call({stmt.name!r}, ({''.join(e.to_python() + ', ' for e in stmt.index)}))"
+    lines = ast.to_python(root, call)
+    exec("def program(call):\n" + "\n".join(lines), namespace := {})
+    namespace["program"](lambda name, point: first.setdefault(name, point))
+    assert ast.first_points(root) == {"A": (), "B": (2,), "C": (2, 2), "D": (2,)}
+    # D's guard skips its first iteration: first_points does not evaluate guards
+    assert first == {"A": (), "B": (2,), "C": (2, 2), "D": (3,)}
