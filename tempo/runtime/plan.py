@@ -82,8 +82,10 @@ class Made:
     @cached_property
     def kept(self) -> tuple[list[int], list[tuple]]:
         """The rows and points the loop does not free (written back after it)."""
-        kept = [(n, p) for n, p, freed in zip(self.rows, self.points, self.freed) if not freed]
-        return [n for n, _ in kept], [p for _, p in kept]
+        runs = self.kept_runs
+        if len(runs) == len(self.rows):
+            return self.rows, self.points
+        return [self.rows[n] for n in runs], tuples(tuple(c[runs] for c in self.coords), len(runs))
 
 
 @dataclass
@@ -204,8 +206,13 @@ class _Template:
     reads: list[list[Reads | None]]
     taken: dict[int, np.ndarray]          # per merge (exec position): the branch of each point
     fetches: list[Fetch]
-    outside: dict[int, np.ndarray]        # per free (item position): its points made before the loop
+    frees_after: list[tuple[int, np.ndarray, int]]  # the frees after the loop (``_freed_after``)
     plan: Plan                            # its stored values dropped once planned (``plan``)
+
+    @cached_property
+    def fetched(self) -> dict[tuple[int, int], str]:
+        """The reads of stored values: ``(exec position, input)``, and their kind (``Fetch``)."""
+        return {(pos, k): kind for kind, pos, k in self.fetches}
 
 
 class LoopPlanner:
@@ -263,6 +270,11 @@ class LoopPlanner:
         """The body's ops the scan runs, in order, with their input edges."""
         self.positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
         self.frees = [n for n, (_, st, _) in enumerate(self.items) if st.kind == "free"]
+        self.freed_later = {n: tuple(k for k in self.items[n][1].freed
+                                     if (self.items[n][1].op.id, k) not in self.deferred_keys)
+                            for n in self.frees}
+        """Per free statement, the outputs whose points made before the loop it frees after
+        it (not those of ``deferred_keys``: the launcher frees them)."""
         self.phis = {op.id: [None if e.slices else compile_vectorized(e.phi, op.domain, bounds)
                              for e in edges] for op, edges in self.execs}
         """Per input of each exec: its index, for NumPy arrays (None: a slice, which only a
@@ -401,8 +413,8 @@ class LoopPlanner:
                                      for values in (branches, active, rows_at))
         plan = Plan(slots, carries, tuple(sorted(masked)), stacked_out, sparse, finals, consts, stacked,
                     branches, active, rows_at, init, zeros, trips, tuple(bool(len(it)) for it, _ in runs),
-                    made_points, self._later(instances, outside))
-        return _Template(groups, reads, taken, fetches, outside, plan)
+                    made_points, self._later(instances, self._freed_after(outside)))
+        return _Template(groups, reads, taken, fetches, self._freed_after(outside), plan)
 
     def _check_buffer_rows(self, reads: list[list[Reads | None]]) -> None:
         """Rows a kernel writes into a buffer are read by nothing else in the loop: the
@@ -567,17 +579,19 @@ class LoopPlanner:
                   for key, pos in keys.items()}
         return points, outside
 
-    def _later(self, instances: Instances, outside: dict[int, np.ndarray]
+    def _freed_after(self, outside: dict[int, np.ndarray]) -> list[tuple[int, np.ndarray, int]]:
+        """Per free statement that frees points made before the loop after it (not those
+        of ``deferred_keys``: the launcher frees them): its position, which of its
+        instances those are, and how many."""
+        return [(n, mask, int(mask.sum())) for n, mask in outside.items()
+                if self.freed_later[n] and mask.any()]
+
+    def _later(self, instances: Instances, frees: list[tuple[int, np.ndarray, int]]
                ) -> list[tuple[Op, tuple[int, ...], list[tuple]]]:
-        """The frees of points made before the loop, done after it: per free, its op,
-        outputs and points (not those of ``deferred_keys``: the launcher frees them)."""
-        later = []
-        for n, mask in outside.items():
-            op = self.items[n][1].op
-            freed = tuple(k for k in self.items[n][1].freed if (op.id, k) not in self.deferred_keys)
-            if mask.any() and freed:
-                later.append((op, freed, tuples(tuple(c[mask] for c in instances[n][1]), int(mask.sum()))))
-        return later
+        """The frees of points made before the loop, done after it: per free of ``frees``
+        (``_freed_after``), its op, outputs and points."""
+        return [(self.items[n][1].op, self.freed_later[n],
+                 tuples(tuple(c[mask] for c in instances[n][1]), count)) for n, mask, count in frees]
 
     # ---- a template's plan -----------------------------------------------------------------
     def _reuse(self, template: _Template, groups: Instances, instances: Instances,
@@ -605,7 +619,7 @@ class LoopPlanner:
         taken = self._taken(runs)
         if any(not np.array_equal(taken[pos], was) for pos, was in template.taken.items()):
             return None
-        reads = self._moved_reads(template, runs, ops)
+        reads = self._moved_reads(template, runs, ops, template.fetched)
         if reads is None:
             return None
         consts, stacked, init = self._fetch(reads, template.fetches, trips)
@@ -613,13 +627,16 @@ class LoopPlanner:
                 for key, m in old.made.items()}
         return Plan(old.slots, old.carries, old.masked, old.exported, old.sparse, old.finals, consts,
                     stacked, old.branches, old.active, old.rows_at, init, old.zeros, trips, old.runs, made,
-                    self._later(instances, template.outside))
+                    self._later(instances, template.frees_after))
 
-    def _moved_reads(self, template: _Template, runs: list,
-                     ops: list) -> list[list[Reads | None]] | None:
+    def _moved_reads(self, template: _Template, runs: list, ops: list,
+                     fetched: dict[tuple[int, int], str]) -> list[list[Reads | None]] | None:
         """The template's reads at this entry's points, or None where one of them does not
-        move with the op that makes the point it reads."""
+        move with the op that makes the point it reads. Only the ``fetched`` ones (read from
+        stores, ``_Template.fetched``) are moved, a constant's or a carry's initial value
+        only at its first point; the others are only checked (None)."""
         made = {op_id for op_id, _ in template.plan.made}
+        shifts: dict[tuple, tuple[int, ...]] = {}
         reads: list[list[Reads | None]] = []
         for pos, row in enumerate(template.reads):
             op = self.execs[pos][0]
@@ -632,10 +649,21 @@ class LoopPlanner:
                 target = ops[self.positions[src]] if src in made else ANY
                 linear = self.linear[op.id][k]
                 if linear is not None:
-                    shift = tuple(sum(a * d for a, d in zip(coefficients, ops[pos]))
-                                  for coefficients in linear)
+                    offset = ops[pos]
+                    shift = shifts.get((linear, offset))
+                    if shift is None:
+                        shift = shifts[linear, offset] = tuple(
+                            sum(a * d for a, d in zip(coefficients, offset)) for coefficients in linear)
                     if target is not ANY and shift != target:
                         return None
+                    kind = fetched.get((pos, k))
+                    if kind is None:
+                        moved.append(None)
+                        continue
+                    if kind != "stacked":  # one stored value: only its first point is read
+                        first = tuple(c[:1] + d for c, d in zip(r.coords, shift))
+                        moved.append(Reads(r.edge, r.iterations[:1], first, r.made_at[:1], r.fits[:1]))
+                        continue
                     coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
                 else:
                     iterations, points = runs[pos]
@@ -682,7 +710,7 @@ def _offset(was: tuple[np.ndarray, ...], now: tuple[np.ndarray, ...]) -> tuple[i
 
 
 def _linear_index(phi: tuple, domain: tuple[Symbol, ...],
-                  bounds: dict[Symbol, int]) -> list[tuple[int, ...]] | None:
+                  bounds: dict[Symbol, int]) -> tuple[tuple[int, ...], ...] | None:
     """Per entry of an edge's index, its coefficients over ``domain`` when every entry is
     affine in the domain's dims (bounds are constants), else None."""
     rows = []
@@ -691,4 +719,4 @@ def _linear_index(phi: tuple, domain: tuple[Symbol, ...],
         if form is None or set(form[0]) - set(domain):
             return None
         rows.append(tuple(form[0].get(d, 0) for d in domain))
-    return rows
+    return tuple(rows)
