@@ -355,13 +355,16 @@ class JaxBackend:
             return tuple(o for k, o in enumerate(outs) if k not in into_buffers), written
         return run
 
-    def compile_later(self, kernel: Callable, static: Any, args: tuple) -> Future:
+    def compile_later(self, kernel: Callable, static: Any, args: tuple, first: bool = False) -> Future:
         """Compile jitted ``kernel`` for static argument ``static`` and arguments shaped as
         ``args``, on a background thread; once the future is done, calling
         ``kernel(static, *args)`` runs without compiling (XLA's compiler releases the GIL,
-        so the caller's thread goes on meanwhile)."""
+        so the caller's thread goes on meanwhile). ``first``: a kernel's first launch,
+        compiled with the kernels of ``compile_ahead`` (on their thread, in order), not
+        behind the scans of ``compile_in_background``."""
         specs = self._specs(args)
-        return _compiler_thread().submit(lambda: kernel.lower(static, *specs).compile())
+        thread = _ahead_thread() if first else _compiler_thread()
+        return thread.submit(lambda: kernel.lower(static, *specs).compile())
 
     def compile_in_background(self, jitted: Callable, args: tuple) -> Future:
         """Compile ``jitted`` (a ``jax.jit`` function) for arguments shaped as ``args`` on

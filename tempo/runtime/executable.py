@@ -141,6 +141,9 @@ class Executable:
         """Per op with a block launcher, its compiled programs, kept across runs."""
         self._root = root
         self._compiled_ahead = False
+        self._loops_ahead = False
+        """Whether a run has started compiling the lowered loops' scans for their first
+        entries (``LoopLauncher.compile_ahead``): the first run does."""
         self.xla = XlaCompiles()
         """What making XLA programs cost during the runs (JAX backend)."""
         self.source = _program_source(root, [*schedule.statements, *self._lowered])
@@ -177,6 +180,7 @@ class Executable:
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
         batched = _batched_point_ops(self.schedule, stores, self.bounds, shift) if self._lowered else {}
+        firsts = ast.first_points(self._root) if self._lowered and not self._loops_ahead else {}
         for name, lowerable in self._lowered.items():
             launch = self._launchers.get(name)
             if launch is None:
@@ -184,7 +188,10 @@ class Executable:
                     lowerable, self.schedule.statements, self.graph, self.bounds, self.backend,
                     self.loops, self.loop_choices[name])
             launch.bind(stores, namespace, batched)
+            if name in firsts and self.backend.mesh is None:  # (not a nest's inner loop)
+                launch.compile_ahead(firsts[name])
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
+        self._loops_ahead = True
         stopped = None
         recording = self.xla.recording() if self.backend.name == "jax" else contextlib.nullcontext()
         try:
@@ -898,7 +905,8 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
         found = located([phi(*point) for _, phi in reads], ahead=True)
         if any(f is None for f in found):
             return None
-        return programs.ahead(buffer_kernel, launch_shape(found, []), arguments(inputs, found, [], []))
+        args = arguments(inputs, found, [], [])
+        return programs.ahead(buffer_kernel, launch_shape(found, []), args, first=True)
     launch.compile_ahead = compile_ahead  # type: ignore[attr-defined]
     return launch
 
@@ -919,13 +927,13 @@ class _Programs:
         """Whether no launch has been readied yet."""
         return not self.launched
 
-    def ahead(self, kernel: Callable, shape: tuple, args: tuple) -> Future | None:
+    def ahead(self, kernel: Callable, shape: tuple, args: tuple, first: bool = False) -> Future | None:
         """Start compiling launch ``shape`` of jitted ``kernel`` for arguments shaped as
-        ``args`` in the background, before any launch (None: it has a program or one on
-        the way)."""
+        ``args`` in the background (``first``: the first launch, before the run reaches
+        it: ``compile_later``), unless it has a program or one on the way (None)."""
         if shape in self.compiled or shape in self.compiling:
             return None
-        future = self.compiling[shape] = self.backend.compile_later(kernel, shape[0], args)
+        future = self.compiling[shape] = self.backend.compile_later(kernel, shape[0], args, first)
         return future
 
     def ready(self, kernel: Callable, shape: tuple, later: list[tuple[tuple, tuple]]) -> None:

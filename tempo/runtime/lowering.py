@@ -378,6 +378,9 @@ class LoopLauncher:
         self.compiling: dict[tuple, Future] = {}
         """Scans compiling in the background by signature (a loop lowered in spans: the
         next span's, ``_compile_next``)."""
+        self.ahead_types: dict[tuple, tuple] = {}
+        """Per scan compiling ahead of its entry (``compile_ahead``), the types it was
+        compiled for (``_types``)."""
         self.collective: dict[tuple, bool] = {}
         """Per plan signature, whether the scan communicates between devices (then it runs
         alone: ``JaxBackend.one_at_a_time``)."""
@@ -427,6 +430,31 @@ class LoopLauncher:
         if timed:
             self._wait_for_stores()
             self._record(form, (time.perf_counter() - begin - self._compiling) / space.trips)
+
+    def compile_ahead(self, outer: tuple[int, ...]) -> None:
+        """Plan the entry at ``outer`` now (``LoopPlanner.ahead``) and start compiling its
+        scan on the background thread, where the entry will run lowered (the policy's
+        ``lowered`` mode): an executable's first run compiles its loops' scans while it
+        runs what comes before them (PPO's update scan while its acting loop runs)."""
+        if self.spans is not None or not self.execs or self.policy.mode != "lowered" or self.choice.fallbacks:
+            return
+        space = self.planner.space(outer)
+        if space.trips < self.policy.min_trips:
+            return
+        plan = self.planner.ahead(outer, space)
+        if plan is None or plan.signature in self.traced or plan.signature in self.compiling \
+                or self._stacked_bytes(plan) / 2**20 > self.max_stacked_mb:
+            return
+        args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.rows_at, plan.carry_init)
+        self.compiling[plan.signature] = self.backend.compile_in_background(self._jitted(plan, None), args)
+        self.ahead_types[plan.signature] = self._types(args)
+
+    def _types(self, args: tuple) -> tuple:
+        """The structure of a scan's arguments and each one's shape and dtype: a program
+        compiled ahead for these takes them."""
+        leaves, tree = self.backend.jax.tree_util.tree_flatten(args)
+        return tree, tuple((tuple(np.shape(a) if not hasattr(a, "shape") else a.shape), np.dtype(a.dtype),
+                            bool(getattr(a, "weak_type", False))) for a in leaves)
 
     def _form(self, trips: int) -> tuple[str, bool]:
         """The form of this entry, and whether it is timed. ``timed`` runs three entries
@@ -730,6 +758,10 @@ class LoopLauncher:
             begin = time.perf_counter()
             try:
                 ahead = self.compiling.pop(signature, None)
+                expected = self.ahead_types.pop(signature, None)
+                if ahead is not None and expected not in (None, self._types(args)):
+                    ahead.cancel()  # compiled ahead for other types (not expected): compiled again
+                    ahead = None
                 fn = ahead.result() if ahead is not None else self._jitted(plan, span).lower(*args).compile()
             except Exception as err:  # a kernel that does not trace inside a scan
                 raise Unlowerable(f"the scan did not compile: {type(err).__name__}: {err}") from err

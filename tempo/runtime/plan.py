@@ -29,7 +29,7 @@ from tempo.ir.graph import SDG, Edge, Op
 from tempo.runtime.backends import Backend
 from tempo.runtime.blocks import KernelBuffers, kernel_buffers
 from tempo.runtime.nest import Nest, Space
-from tempo.runtime.stores import BlockStore
+from tempo.runtime.stores import BlockStore, BufferShape
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Symbol, compile_vectorized, linear_form
@@ -371,8 +371,26 @@ class LoopPlanner:
         plan, template.plan = template.plan, replace(template.plan, consts=[], stacked=[], carry_init={})
         return plan
 
+    def ahead(self, outer: tuple[int, ...], space: Space) -> Plan | None:
+        """The plan of the entry at ``outer``, made before the run reaches it, with the
+        shapes of its stored values (``BufferShape``s) in their place, for its scan to
+        compile ahead; kept as a template, which the entry then reuses with the stored
+        values. Point ops do not run. None where it cannot be planned so (a span's
+        buffers, a read no scan expresses)."""
+        if self._unbuffered or self.buffered:
+            return None
+        groups = self._groups(outer, space)
+        try:
+            template = self._plan(groups, self._per_statement(groups), space.trips, self._fetch_shapes)
+        except Unlowerable:
+            return None
+        self.templates = [template, *self.templates[:TEMPLATES - 1]]
+        plan, template.plan = template.plan, replace(template.plan, consts=[], stacked=[], carry_init={})
+        return plan
+
     # ---- a new plan ------------------------------------------------------------------------
-    def _plan(self, groups: Instances, instances: Instances, trips: int) -> _Template:
+    def _plan(self, groups: Instances, instances: Instances, trips: int,
+              fetch: Callable[..., tuple[list, list, dict]] | None = None) -> _Template:
         runs = [instances[n] for n in self.exec_items]  # per exec: iterations, points
         made = {op.id: (pos, runs[pos][0], PointIndex(runs[pos][1], len(runs[pos][0])))
                 for pos, (op, _) in enumerate(self.execs) if len(runs[pos][0])}
@@ -385,7 +403,7 @@ class LoopPlanner:
                           for k, edge in enumerate(edges)])
         self._check_buffer_rows(reads)
         slots, fetches, masked = self._slots(reads)
-        consts, stacked, init = self._fetch(reads, fetches, trips)
+        consts, stacked, init = (fetch or self._fetch)(reads, fetches, trips)
         carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
         made_points, outside = self._made_and_freed(runs, instances, made)
         exported = [(op.id, k) for op, _ in self.execs for k in range(len(op.outputs))
@@ -539,6 +557,24 @@ class LoopPlanner:
                 consts.append(self.stores[key].reader(False)(r.first()))
             else:
                 init[key] = self.stores[key].reader(False)(r.first())
+        return consts, stacked, init
+
+    def _fetch_shapes(self, reads: list[list[Reads | None]], fetches: list[Fetch],
+                      trips: int) -> tuple[list, list, dict]:
+        """What ``_fetch`` would read, as the shapes and dtypes of the values."""
+        consts: list[BufferShape] = []
+        stacked: list[BufferShape] = []
+        init: dict[tuple[int, int], BufferShape] = {}
+        for kind, pos, k in fetches:
+            edge = self.execs[pos][1][k]
+            t = edge.src.outputs[edge.src_out]
+            shape = tuple(int(d.evaluate(self.bounds)) for d in t.shape)
+            if kind == "stacked":
+                stacked.append(BufferShape((trips, *shape), t.dtype))
+            elif kind == "const":
+                consts.append(BufferShape(shape, t.dtype))
+            else:
+                init[(edge.src.id, edge.src_out)] = BufferShape(shape, t.dtype)
         return consts, stacked, init
 
     def _stacked(self, key: tuple[int, int], r: Reads, trips: int) -> Any:

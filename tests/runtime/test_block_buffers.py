@@ -335,10 +335,10 @@ def test_later_row_counts_compile_in_the_background(monkeypatch):
     later, kernels, compiles = [], set(), []
     original = JaxBackend.compile_later
 
-    def recording(self, kernel, static, args):
+    def recording(self, kernel, static, args, first=False):
         later.append(static)
         kernels.add(kernel)
-        return original(self, kernel, static, args)
+        return original(self, kernel, static, args, first)
     monkeypatch.setattr(JaxBackend, "compile_later", recording)
 
     class Compiles(logging.Handler):
@@ -444,9 +444,9 @@ def test_a_learner_reading_a_rollout_from_device_buffers_compiles_ahead(monkeypa
     events = []
     ahead, ready = executable._Programs.ahead, executable._Programs.ready
 
-    def recording_ahead(self, kernel, shape, args):
+    def recording_ahead(self, kernel, shape, args, first=False):
         events.append(("ahead", shape))
-        return ahead(self, kernel, shape, args)
+        return ahead(self, kernel, shape, args, first)
 
     def recording_ready(self, kernel, shape, later):
         events.append(("ready", shape, shape in self.compiling))

@@ -48,13 +48,14 @@ def test_a_lowered_loop_computes_what_the_reference_does():
 def test_translated_entries_reuse_the_plan():
     """The t loop's entries at i = 2 and 3 are the one at i = 1 moved along i (the one at
     i = 0 is not: frees of the previous i's points start at i = 1), so they take its plan
-    and only read their stored values anew. (With nests lowered, the (i, t) nest is one
-    scan entered once.)"""
+    and only read their stored values anew; the entry at i = 0 takes the plan made ahead
+    of the run (``LoopLauncher.compile_ahead``). (With nests lowered, the (i, t) nest is
+    one scan entered once.)"""
     ctx, bounds, outputs = _recurrences()
     exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered", nests=False))
     _check(exe, ctx, bounds, outputs)
-    assert max(c.reused for c in exe.loop_choices.values()) == bounds[ctx.bounds[0]] - 2
-    assert "plans reused in 2 entries" in "\n".join(map(str, exe.loop_choices.values()))
+    assert max(c.reused for c in exe.loop_choices.values()) == bounds[ctx.bounds[0]] - 1
+    assert "plans reused in 3 entries" in "\n".join(map(str, exe.loop_choices.values()))
 
 
 def test_peeled_iterations_go_back_into_a_lowerable_loop_where_it_stays_lowerable():
@@ -230,3 +231,34 @@ def test_a_plans_per_iteration_arrays_are_moved_to_the_device_once():
     templates = [t for launch in exe._launchers.values() for t in launch.planner.templates]
     arrays = [a for t in templates for a in (*t.plan.branches, *t.plan.active, *t.plan.rows_at)]
     assert arrays and all(isinstance(a, jax.Array) for a in arrays)
+
+
+@pytest.mark.parametrize("nests", [True, False])
+def test_a_first_run_compiles_each_loops_first_scan_ahead(monkeypatch, nests):
+    """At its first run an executable plans each lowered loop's first entry before
+    running anything and compiles its scan on the background thread; the entry then
+    takes that program (nothing compiles on the program's thread for it). The values are
+    the reference's, and a second run compiles nothing ahead."""
+    from tempo.runtime import lowering
+    from tempo.runtime.backends import JaxBackend
+    started, foreground = [], []
+    in_background, jitted = JaxBackend.compile_in_background, lowering.LoopLauncher._jitted
+
+    def recording_background(self, fn, args):
+        started.append(fn)
+        return in_background(self, fn, args)
+
+    def recording_jitted(self, plan, span):
+        fn = jitted(self, plan, span)
+        foreground.append(fn) if not started or fn not in started else None
+        return fn
+    monkeypatch.setattr(JaxBackend, "compile_in_background", recording_background)
+    ctx, bounds, outputs = _recurrences()
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered", nests=nests))
+    _check(exe, ctx, bounds, outputs)
+    lowered = [c for c in exe.loop_choices.values() if c.form == "lowered" and not c.fallbacks]
+    assert lowered and len(started) == len(lowered), ([str(c) for c in exe.loop_choices.values()], started)
+    assert all(not launch.compiling for launch in exe._launchers.values())  # each taken by its entry
+    monkeypatch.setattr(lowering.LoopLauncher, "_jitted", recording_jitted)
+    _check(exe, ctx, bounds, outputs)
+    assert len(started) == len(lowered) and not foreground
