@@ -180,7 +180,32 @@ class Executable:
         if profile is not None:
             namespace = profile.instrument(namespace, self.schedule.statements, stores, self.backend)
         batched = _batched_point_ops(self.schedule, stores, self.bounds, shift) if self._lowered else {}
+        stopped = None
+        recording = self.xla.recording() if self.backend.name == "jax" else contextlib.nullcontext()
+        try:
+            self._bind_loops(stores, namespace, batched, profile)
+            with recording:
+                self._program(namespace)
+        except StopRun as stop:  # its point is as host ops see it: moved by the origin
+            by_name = {d.name: k for d, k in shift.items()}
+            stopped = {name: v - by_name.get(name, 0) for name, v in stop.point.items()}
+        finally:  # the launchers outlive the run, its stored values must not
+            for launch in self._launchers.values():
+                launch.bind({}, {}, {})
+                launch.cancel_waiting()
+            for programs in self._programs.values():  # (a run that stopped early)
+                programs.cancel_waiting()
+            for future in ahead:  # kernels of statements the run did not reach
+                future.cancel()
+        return Results({rt.key: self._gather(rt, stores, stopped) for rt in self.outputs}, stopped)
+
+    def _bind_loops(self, stores: dict, namespace: dict[str, Callable], batched: dict[str, Callable],
+                    profile: RunProfile | None) -> None:
+        """Each lowerable loop's launcher (made at the first run) bound to this run, as
+        statement ``L<k>`` of ``namespace``; at the first run each starts compiling the
+        scan of its first entry (``LoopLauncher.compile_ahead``)."""
         firsts = ast.first_points(self._root) if self._lowered and not self._loops_ahead else {}
+        self._loops_ahead = True
         for name, lowerable in self._lowered.items():
             launch = self._launchers.get(name)
             if launch is None:
@@ -191,23 +216,6 @@ class Executable:
             if name in firsts and self.backend.mesh is None:  # (not a nest's inner loop)
                 launch.compile_ahead(firsts[name])
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
-        self._loops_ahead = True
-        stopped = None
-        recording = self.xla.recording() if self.backend.name == "jax" else contextlib.nullcontext()
-        try:
-            with recording:
-                self._program(namespace)
-        except StopRun as stop:  # its point is as host ops see it: moved by the origin
-            by_name = {d.name: k for d, k in shift.items()}
-            stopped = {name: v - by_name.get(name, 0) for name, v in stop.point.items()}
-        finally:  # the launchers outlive the run, its stored values must not
-            for launch in self._launchers.values():
-                launch.bind({}, {}, {})
-            for programs in self._programs.values():  # (a run that stopped early)
-                programs.cancel_waiting()
-            for future in ahead:  # kernels of statements the run did not reach
-                future.cancel()
-        return Results({rt.key: self._gather(rt, stores, stopped) for rt in self.outputs}, stopped)
 
     def execution_order(self) -> list[tuple[str, Op, tuple[int, ...]]]:
         """What ``run()`` executes, in order, without running it: ``("exec" | "free", op,

@@ -83,7 +83,7 @@ from tempo.options import LoopPolicy
 from tempo.runtime import nest
 from tempo.runtime.blocks import WHOLE_BUFFER_SHARE, KernelBuffers
 from tempo.runtime.plan import LoopPlanner, Plan, Slot, point_op, tuples
-from tempo.runtime.stores import BufferShape, WindowStore, grown_buffers
+from tempo.runtime.stores import BlockStore, BufferShape, WindowStore, grown_buffers
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
 from tempo.symbolic.expr import Expr, Symbol, compile_vectorized
@@ -136,10 +136,13 @@ class LoopChoice:
     interpreted: float | None = None
     lowered: float | None = None
     compile_seconds: float = 0.0
+    """Seconds the entries spent compiling their scans, or waiting for those compiling in
+    the background (``LoopLauncher.compile_ahead``)."""
     form: str | None = None
     fallbacks: list[str] = field(default_factory=list)
     reused: int = 0
-    """Lowered entries whose plan was an earlier entry's, moved (``LoopPlanner``)."""
+    """Lowered entries whose plan was an earlier entry's, moved (``LoopPlanner``), or the
+    one made ahead of the run (the first entry, ``LoopPlanner.ahead``)."""
     entries: int = 0
     """Times the loop was entered (a nest's inner loop: only in the nest's interpreted
     entries)."""
@@ -449,12 +452,18 @@ class LoopLauncher:
         self.compiling[plan.signature] = self.backend.compile_in_background(self._jitted(plan, None), args)
         self.ahead_types[plan.signature] = self._types(args)
 
+    def cancel_waiting(self) -> None:
+        """Drop the scans compiling ahead that have not started (a run that did not reach
+        their entry, or reached it with another plan: a later run compiles what it needs)."""
+        for signature in list(self.ahead_types):
+            if self.compiling[signature].cancel():
+                del self.compiling[signature], self.ahead_types[signature]
+
     def _types(self, args: tuple) -> tuple:
         """The structure of a scan's arguments and each one's shape and dtype: a program
         compiled ahead for these takes them."""
         leaves, tree = self.backend.jax.tree_util.tree_flatten(args)
-        return tree, tuple((tuple(np.shape(a) if not hasattr(a, "shape") else a.shape), np.dtype(a.dtype),
-                            bool(getattr(a, "weak_type", False))) for a in leaves)
+        return tree, tuple(_type_of(a) for a in leaves)
 
     def _form(self, trips: int) -> tuple[str, bool]:
         """The form of this entry, and whether it is timed. ``timed`` runs three entries
@@ -486,10 +495,12 @@ class LoopLauncher:
             choice.form = "lowered" if faster else "interpreted"
 
     def _wait_for_stores(self) -> None:
-        """Wait for every stored device value (block stores are host memory)."""
+        """Wait for every stored device value: points, and block stores' device buffers."""
         points = [store.data for store in self.stores.values() if hasattr(store, "data")]
-        self.backend.synchronize([[*data.values(), *(v for v, _ in data.rows.values())]
-                                  for data in points])
+        buffers = [list(store.blocks.values()) for store in self.stores.values()
+                   if isinstance(store, BlockStore) and store.buffers.on_device]
+        self.backend.synchronize([*([*data.values(), *(v for v, _ in data.rows.values())] for data in points),
+                                  *buffers])
 
     def _run_batched(self, outer: tuple[int, ...], space: nest.Space) -> None:
         """A loop of point ops and frees: each statement at all its points at once (a
@@ -1071,6 +1082,14 @@ class _Span:
         for store, key, block in zip(self.targets, self.keys, buffers):
             made = plan.made[key]
             store.written_by_scan(made.points, block, made.freed)
+
+
+def _type_of(value: Any) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """A scan argument's shape, dtype and whether JAX takes it as weakly typed (an array,
+    a ``BufferShape``, or a Python number)."""
+    if not hasattr(value, "dtype"):
+        value = np.asarray(value)
+    return tuple(value.shape), np.dtype(value.dtype), bool(getattr(value, "weak_type", False))
 
 
 def _leading(holds: np.ndarray) -> int:

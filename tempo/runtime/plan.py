@@ -431,8 +431,8 @@ class LoopPlanner:
                                      for values in (branches, active, rows_at))
         plan = Plan(slots, carries, tuple(sorted(masked)), stacked_out, sparse, finals, consts, stacked,
                     branches, active, rows_at, init, zeros, trips, tuple(bool(len(it)) for it, _ in runs),
-                    made_points, self._later(instances, self._freed_after(outside)))
-        return _Template(groups, reads, taken, fetches, self._freed_after(outside), plan)
+                    made_points, self._later(instances, frees_after := self._freed_after(outside)))
+        return _Template(groups, reads, taken, fetches, frees_after, plan)
 
     def _check_buffer_rows(self, reads: list[list[Reads | None]]) -> None:
         """Rows a kernel writes into a buffer are read by nothing else in the loop: the

@@ -666,7 +666,7 @@ class BlockStore:
     released once each of its rows has been written and freed (reallocating it whenever
     it is momentarily empty would cost O(T) per step). Buffers are host memory
     (``HostBuffers``), or the device's (``DeviceBuffers``) where a device kernel writes
-    them and device kernels read them in tiled slices (or, on an accelerator, whole). A
+    them and device kernels read them in tiled slices (or whole, from outside the dim). A
     buffer holds every row from the start, or (``step``) grows by whole tiles as its rows
     are written.
     """
@@ -822,7 +822,8 @@ class BlockStore:
         run of a buffer's rows (a kernel may slice the buffer itself; a padded read of no
         points too: its rows are masked), else None. ``ahead``: of a read to come, with the
         buffer as it will be by then (its ``BufferShape``: grown to the rows the read
-        reaches), to compile the reading kernel ahead."""
+        reaches; for a buffer not made yet, made to hold them, ``new_buffer_shape``), to
+        compile the reading kernel ahead."""
         prefix, last = index[:-1], index[-1]
         if not isinstance(last, slice) or (last.step is None and last.stop <= last.start) or _empty(prefix) \
                 or any(isinstance(i, slice) for i in prefix):

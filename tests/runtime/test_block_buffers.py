@@ -438,8 +438,13 @@ def test_an_op_without_dims_reads_a_device_buffer_whole(loops):
 def test_a_learner_reading_a_rollout_from_device_buffers_compiles_ahead(monkeypatch, loops):
     """The kernel reading a rollout whole from device buffers starts compiling in the
     background before the run makes the buffers (their shapes are known ahead), and its
-    first launch finds that program on the way: no compile on the program's thread for
-    it. The values are the reference evaluator's."""
+    first launch takes that program (the compile is waited for, not cancelled), for the
+    arguments it launches with: with the loop lowered, no program taking the learner's
+    arguments (two buffers of 12 x 4, each with its first row) compiles on the program's
+    thread (interpreted, the writer's kernel takes arguments of those types too). The
+    values are the reference evaluator's."""
+    from compile_log import compiled_here
+
     from tempo.runtime import executable
     events = []
     ahead, ready = executable._Programs.ahead, executable._Programs.ready
@@ -449,12 +454,13 @@ def test_a_learner_reading_a_rollout_from_device_buffers_compiles_ahead(monkeypa
         return ahead(self, kernel, shape, args, first)
 
     def recording_ready(self, kernel, shape, later):
-        events.append(("ready", shape, shape in self.compiling))
-        return ready(self, kernel, shape, later)
+        pending = self.compiling.get(shape)
+        ready(self, kernel, shape, later)
+        events.append(("ready", shape, pending is not None and not pending.cancelled()))
     monkeypatch.setattr(executable._Programs, "ahead", recording_ahead)
     monkeypatch.setattr(executable._Programs, "ready", recording_ready)
     ctx, bounds, s = _rollout_sums()
-    with ctx:
+    with ctx, compiled_here("run") as here:
         exe = ctx.compile(bounds, [s], backend="jax", loops=tp.LoopPolicy(loops))
         got = exe.run()[s]
     np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
@@ -462,3 +468,6 @@ def test_a_learner_reading_a_rollout_from_device_buffers_compiles_ahead(monkeypa
     # the interpreted form, makes its buffer as it goes: not compiled ahead)
     learner = ((12, 12), (12, 12), ())
     assert events[0] == ("ahead", learner) and ("ready", learner, True) in events, events
+    pair = "ShapedArray(float32[12,4]), ShapedArray(int32[])"
+    types = f"({pair}, {pair})"
+    assert loops == "interpreted" or not [line for line in here if types in line], here

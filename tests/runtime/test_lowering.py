@@ -236,29 +236,25 @@ def test_a_plans_per_iteration_arrays_are_moved_to_the_device_once():
 @pytest.mark.parametrize("nests", [True, False])
 def test_a_first_run_compiles_each_loops_first_scan_ahead(monkeypatch, nests):
     """At its first run an executable plans each lowered loop's first entry before
-    running anything and compiles its scan on the background thread; the entry then
-    takes that program (nothing compiles on the program's thread for it). The values are
-    the reference's, and a second run compiles nothing ahead."""
-    from tempo.runtime import lowering
-    from tempo.runtime.backends import JaxBackend
-    started, foreground = [], []
-    in_background, jitted = JaxBackend.compile_in_background, lowering.LoopLauncher._jitted
+    running anything and compiles its scan on a background thread; the entry then takes
+    that program: no scan compiles on the program's thread, in the first run or the
+    next. The values are the reference's."""
+    from compile_log import compiled_here
 
-    def recording_background(self, fn, args):
+    from tempo.runtime.backends import JaxBackend
+    started = []
+    in_background = JaxBackend.compile_in_background
+
+    def recording(self, fn, args):
         started.append(fn)
         return in_background(self, fn, args)
-
-    def recording_jitted(self, plan, span):
-        fn = jitted(self, plan, span)
-        foreground.append(fn) if not started or fn not in started else None
-        return fn
-    monkeypatch.setattr(JaxBackend, "compile_in_background", recording_background)
-    ctx, bounds, outputs = _recurrences()
+    monkeypatch.setattr(JaxBackend, "compile_in_background", recording)
+    ctx, bounds, outputs = _recurrences(entries=3)  # (a size no other test compiles)
     exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered", nests=nests))
-    _check(exe, ctx, bounds, outputs)
+    with compiled_here("run") as here:
+        _check(exe, ctx, bounds, outputs)
+        _check(exe, ctx, bounds, outputs)
     lowered = [c for c in exe.loop_choices.values() if c.form == "lowered" and not c.fallbacks]
     assert lowered and len(started) == len(lowered), ([str(c) for c in exe.loop_choices.values()], started)
-    assert all(not launch.compiling for launch in exe._launchers.values())  # each taken by its entry
-    monkeypatch.setattr(lowering.LoopLauncher, "_jitted", recording_jitted)
-    _check(exe, ctx, bounds, outputs)
-    assert len(started) == len(lowered) and not foreground
+    assert not here, here
+    assert all(not launch.compiling and not launch.ahead_types for launch in exe._launchers.values())
