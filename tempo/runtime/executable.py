@@ -574,7 +574,8 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     wait stops the host from running ahead of the device: on an H100 (2026-11-27) n-step
     and REINFORCE over 3x64x64 observations at T=250 ran 0.38 and 0.26 s an iteration
     against 0.88 and 0.77, and on a 2-core CPU PPO on gymnax CartPole at its default size
-    4.2-5.0 ms an iteration against 5.1-6.8 (``benchmarks/README.md``).
+    4.2-5.0 ms an iteration against 5.1-6.8 (its paper size, n-step and REINFORCE: the
+    same within the noise; ``benchmarks/README.md``, 2026-11-27, session 4).
     Otherwise a point store (in host memory if ``swapped``; counting split values over a
     mesh)."""
     t = op.outputs[k]
