@@ -448,7 +448,7 @@ class LoopLauncher:
         if plan is None or plan.signature in self.traced or plan.signature in self.compiling \
                 or self._stacked_bytes(plan) / 2**20 > self.max_stacked_mb:
             return
-        args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.rows_at, plan.carry_init)
+        args = plan.arguments
         self.compiling[plan.signature] = self.backend.compile_in_background(self._jitted(plan, None), args)
         self.ahead_types[plan.signature] = self._types(args)
 
@@ -762,7 +762,7 @@ class LoopLauncher:
                               f"LoopPolicy.max_stacked_mb={self.max_stacked_mb:g}")
         signature = plan.signature if span is None else (plan.signature, span.signature)
         fn = self.traced.get(signature)
-        args = (plan.consts, plan.stacked, plan.branches, plan.active, plan.rows_at, plan.carry_init)
+        args = plan.arguments
         if span is not None:
             args = (*args, span.buffers, span.rows, span.starts)
         if fn is None:

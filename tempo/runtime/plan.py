@@ -122,6 +122,11 @@ class Plan:
         return (self.slots, self.carries, self.masked, self.exported, self.sparse, self.finals,
                 len(self.branches), self.trips, self.runs, self.zeros)
 
+    @property
+    def arguments(self) -> tuple:
+        """What its scan is called with (``LoopLauncher._scan``'s ``run``)."""
+        return self.consts, self.stacked, self.branches, self.active, self.rows_at, self.carry_init
+
 
 STORED, IN_BODY, IN_CARRY = 1, 2, 4
 """Which slots can give a read its value (bits): a stored value (its point is not made in
@@ -366,10 +371,7 @@ class LoopPlanner:
                 self.templates.insert(0, self.templates.pop(n))
                 self.reused += 1
                 return plan
-        template = self._plan(groups, instances, trips)
-        self.templates = [template, *self.templates[:TEMPLATES - 1]]
-        plan, template.plan = template.plan, replace(template.plan, consts=[], stacked=[], carry_init={})
-        return plan
+        return self._kept(self._plan(groups, instances, trips))
 
     def ahead(self, outer: tuple[int, ...], space: Space) -> Plan | None:
         """The plan of the entry at ``outer``, made before the run reaches it, with the
@@ -384,6 +386,11 @@ class LoopPlanner:
             template = self._plan(groups, self._per_statement(groups), space.trips, self._fetch_shapes)
         except Unlowerable:
             return None
+        return self._kept(template)
+
+    def _kept(self, template: _Template) -> Plan:
+        """``template``'s plan, the template kept first (without the plan's stored values:
+        an entry that reuses it reads its own)."""
         self.templates = [template, *self.templates[:TEMPLATES - 1]]
         plan, template.plan = template.plan, replace(template.plan, consts=[], stacked=[], carry_init={})
         return plan
