@@ -10,15 +10,15 @@ import jax
 
 
 @contextlib.contextmanager
-def compiled_here(name: str) -> Iterator[list[str]]:
-    """Within the block, the log line of each compile of a program named ``jit(name)`` on
-    this thread (JAX's ``log_compiles`` logs the thread that sets it only: the compiles of
-    background threads are not there)."""
+def compiled_here(name: str | None = None) -> Iterator[list[str]]:
+    """Within the block, the log line of each compile of a program named ``jit(name)`` (of
+    any program: None) on this thread (JAX's ``log_compiles`` logs the thread that sets it
+    only: the compiles of background threads are not there)."""
     lines: list[str] = []
 
     class Compiles(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().startswith(f"Compiling jit({name})"):
+            if record.getMessage().startswith("Compiling jit(" if name is None else f"Compiling jit({name})"):
                 lines.append(record.getMessage())
     handler, logger = Compiles(), logging.getLogger("jax")
     logger.addHandler(handler)

@@ -114,6 +114,34 @@ def test_zeros_and_constants_reach_the_device_without_compiling():
     np.testing.assert_array_equal(np.asarray(on_device)[1:], value[1:])
 
 
+def test_host_arrays_reach_the_device_without_compiling_as_copies():
+    """A lowered loop's masks and indices (``resident``), a host op's large output
+    (``from_host``), stacked host points (``stack``) and all the rows of a stacked output
+    (``rows``) compile no program (``jnp.asarray`` compiles one per shape); what is moved is
+    a copy, which later changes to the host array do not reach."""
+    import jax
+    from compile_log import compiled_here
+
+    from tempo.runtime.backends import SMALL_HOST_BYTES, make_backend
+    backend = make_backend("jax")
+    # (shapes no other test makes: JAX would not compile a shape it compiled before)
+    mask = np.arange(29) % 3 == 0
+    big = np.arange(SMALL_HOST_BYTES // 2 + 31, dtype=np.int16)
+    points = [np.full((5, 7), k, np.float32) for k in range(3)]
+    with compiled_here() as compiled:
+        moved = [backend.resident(mask), backend.from_host(big), backend.stack(points)]
+        whole = backend.rows(moved[2], 0, 3)
+    assert compiled == []
+    assert all(isinstance(v, jax.Array) for v in moved) and whole is moved[2]
+    expected = [mask.copy(), big.copy(), np.stack(points)]
+    mask[:] = True
+    big[:] = 7
+    points[0][:] = 9
+    for value, want in zip(moved, expected):
+        np.testing.assert_array_equal(np.asarray(value), want)
+    np.testing.assert_array_equal(np.asarray(backend.rows(moved[2], 1, 2)), expected[2][1:])
+
+
 def _whole_rows_program():
     """Over (i, t): a recurrence over t whose rows are read whole at every i (a slice of a
     block store), a point read of the last row, and a recurrence over i."""
