@@ -123,3 +123,42 @@ def test_an_entry_without_an_access_time_does_not_stop_the_cache(cache_dir):
         jax.jit(lambda v: jnp.sin(v) * 1.75 - 0.375)(jnp.arange(5.0)).block_until_ready()
     assert set(jax_dir.glob("*-cache")) - before  # the new program was written
     assert (jax_dir / ("jit_old-" + "0" * 64 + "-atime")).exists()
+
+
+def _last_iteration_program(iterations: int):
+    """Over (i, t): ``s[i, t] = 0.5 s[i, t-1] + x[t] + h[i]``, ``h[i+1] = tanh(h[i] + 0.1
+    s[i, T-1])``, read at the last iteration only (``y[I-1]``), with its expected value."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    xs = np.linspace(-1.0, 1.0, 6).astype(np.float32)
+    with ctx:
+        x = tp.const(xs)[t]
+        h = tp.placeholder(shape=(), dtype="float32", domain=(i,))
+        s = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
+        s[t == 0] = x + h
+        s[True] = s[i, t - 1] * 0.5 + x + h
+        h[0] = tp.const(np.float32(0.25))
+        h[i + 1] = (h[i] + s[i, T - 1] * 0.1).tanh()
+        y = h * 2.0
+        last = y[I - 1]
+    state = 0.25
+    for _ in range(iterations - 1):
+        run = 0.0
+        for k, value in enumerate(xs):
+            run = (0.5 * run if k else 0.0) + value + state
+        state = np.tanh(state + 0.1 * run)
+    return ctx, {I: iterations, T: len(xs)}, last, 2.0 * state
+
+
+def test_a_schedule_serves_every_length_of_the_outer_loop(cache_dir):
+    """isl's schedule is kept for the program's structure: a value needed at the last
+    iteration only is described relative to the bound, so a compile for another number of
+    iterations (a longer training run) takes the schedule from the cache."""
+    notes = []
+    for iterations in (5, 9):
+        ctx, bounds, last, expected = _last_iteration_program(iterations)
+        exe = ctx.compile(bounds, [last], backend="numpy")
+        np.testing.assert_allclose(exe.run()[last], expected, rtol=1e-5)
+        notes.append(any("isl's schedule from the compile cache" in n for n in exe.report.notes))
+    assert notes == [False, True]
+    assert len(_entries(cache_dir)) == 1

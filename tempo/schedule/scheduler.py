@@ -328,7 +328,8 @@ def _bound_relative_boxes(poly: Polyhedral, concrete: isl.UnionSet) -> isl.Union
 
 
 def _relative_guess(poly: Polyhedral, op: Op, points: isl.UnionSet) -> isl.UnionSet | None:
-    """``points`` of ``op`` as, in turn: a box with bound-relative upper ends; that box up to
+    """``points`` of ``op`` as, in turn: its one point relative to the bounds (where it is
+    one); a box with bound-relative upper ends; that box up to
     its lexicographic maximum (an iteration's last update not needed); either, cut by what
     else bounds the points inside it (``u mod 4 = 0``). None if none agrees."""
     piece = isl.Set.from_union_set(points)
@@ -343,7 +344,12 @@ def _relative_guess(poly: Polyhedral, op: Op, points: isl.UnionSet) -> isl.Union
                            + [f"{vars_[k]} {'<=' if k == len(vars_) - 1 else '<'} {relative[k]}"]) + ")"
         for k in range(len(vars_)))
     whole = poly.box(op)
-    for constraints in (box, [*box, f"({lex})"] if vars_ else None):
+    # One point (a checkpoint at the last iteration): that point relative to the bounds
+    # (``a0 = I - 1``), not a box with a concrete lower end (``399 <= a0 <= I - 1``), so
+    # that isl's constraints, the schedule's cache key, are the same for any number of
+    # iterations.
+    last = [f"{v} = {r}" for v, r in zip(vars_, relative)] if piece.is_singleton() else None
+    for constraints in (last, box, [*box, f"({lex})"] if vars_ else None):
         if constraints is None:
             continue
         guess = whole.intersect(poly.union_set(
