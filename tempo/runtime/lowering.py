@@ -794,7 +794,7 @@ class LoopLauncher:
         if self.wait_for_outputs or self.collective[signature]:
             self.backend.synchronize((last, outputs))
         for key in plan.finals:  # the one kept point, made at the last iteration
-            self.stores[key].write(plan.made[key].kept[1][0], last[key])
+            self.stores[key].write(plan.made[key].last, last[key])
         sparse = {key for key, _ in plan.sparse}
         read = []
         for key, values in zip(plan.exported, outputs):

@@ -87,6 +87,11 @@ class Made:
             return self.rows, self.points
         return [self.rows[n] for n in runs], tuples(tuple(c[runs] for c in self.coords), len(runs))
 
+    @property
+    def last(self) -> tuple:
+        """The point made at the last of its iterations (a final carry's one kept point)."""
+        return tuple(int(c[-1]) for c in self.coords)
+
 
 @dataclass
 class Plan:
@@ -187,6 +192,18 @@ class Reads:
     def first(self) -> tuple:
         """The point read at the first of these iterations."""
         return tuple(int(c[0]) for c in self.coords)
+
+
+@dataclass(frozen=True)
+class FirstRead:
+    """Of the reads of one input in an entry, the first point only: a constant's or a
+    carry's initial value, read once (``LoopPlanner._moved_reads``)."""
+
+    edge: Edge
+    point: tuple
+
+    def first(self) -> tuple:
+        return self.point
 
 
 Instances = list[tuple[np.ndarray, tuple[np.ndarray, ...]]]
@@ -547,7 +564,7 @@ class LoopPlanner:
             slots.append(tuple(slot_row))
         return tuple(slots), fetches, masked
 
-    def _fetch(self, reads: list[list[Reads | None]], fetches: list[Fetch],
+    def _fetch(self, reads: list[list[Reads | FirstRead | None]], fetches: list[Fetch],
                trips: int) -> tuple[list, list, dict]:
         """The stored values the scan reads: constants, per-iteration stacks, carries'
         initial values."""
@@ -559,6 +576,7 @@ class LoopPlanner:
             assert r is not None
             key = (r.edge.src.id, r.edge.src_out)
             if kind == "stacked":
+                assert isinstance(r, Reads)  # (moved whole: ``_moved_reads``)
                 stacked.append(self._stacked(key, r, trips))
             elif kind == "const":
                 consts.append(self.stores[key].reader(False)(r.first()))
@@ -673,7 +691,7 @@ class LoopPlanner:
                     self._later(instances, template.frees_after))
 
     def _moved_reads(self, template: _Template, runs: list, ops: list,
-                     fetched: dict[tuple[int, int], str]) -> list[list[Reads | None]] | None:
+                     fetched: dict[tuple[int, int], str]) -> list[list[Reads | FirstRead | None]] | None:
         """The template's reads at this entry's points, or None where one of them does not
         move with the op that makes the point it reads. Only the ``fetched`` ones (read from
         stores, ``_Template.fetched``) are moved, a constant's or a carry's initial value
@@ -683,7 +701,7 @@ class LoopPlanner:
         reads: list[list[Reads | None]] = []
         for pos, row in enumerate(template.reads):
             op = self.execs[pos][0]
-            moved: list[Reads | None] = []
+            moved: list[Reads | FirstRead | None] = []
             for k, r in enumerate(row):
                 if r is None:
                     moved.append(None)
@@ -704,8 +722,7 @@ class LoopPlanner:
                         moved.append(None)
                         continue
                     if kind != "stacked":  # one stored value: only its first point is read
-                        first = tuple(c[:1] + d for c, d in zip(r.coords, shift))
-                        moved.append(Reads(r.edge, r.iterations[:1], first, r.made_at[:1], r.fits[:1]))
+                        moved.append(FirstRead(r.edge, tuple(int(c[0]) + d for c, d in zip(r.coords, shift))))
                         continue
                     coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
                 else:
