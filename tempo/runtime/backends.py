@@ -416,9 +416,9 @@ class JaxBackend:
     def _moved(self, value: np.ndarray) -> Any:
         """A copy of ``value`` on the default device. ``device_put``, not ``jnp.asarray``,
         which runs a program (``lax.stage``) compiled, or loaded from the cache, once per
-        shape and dtype: 5-8 ms each on a CPU, 0.2-0.5 s of PPO's first iteration. Of a
-        copy made here: the host array may change later, and ``device_put`` reads it after
-        it returns (a transfer in flight), or adopts it (an aligned one, on a CPU)."""
+        shape and dtype (5-8 ms each on a CPU). It moves a copy made here: the host array
+        may change later, and ``device_put`` reads it after returning (a transfer in
+        flight) or adopts it (an aligned one, on a CPU)."""
         return self.jax.device_put(np.array(value, copy=True))
 
     def check_dtype(self, op: Op) -> None:

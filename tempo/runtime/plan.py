@@ -698,7 +698,7 @@ class LoopPlanner:
         only at its first point; the others are only checked (None)."""
         made = {op_id for op_id, _ in template.plan.made}
         shifts: dict[tuple, tuple[int, ...]] = {}
-        reads: list[list[Reads | None]] = []
+        reads: list[list[Reads | FirstRead | None]] = []
         for pos, row in enumerate(template.reads):
             op = self.execs[pos][0]
             moved: list[Reads | FirstRead | None] = []
