@@ -127,7 +127,8 @@ def test_an_entry_without_an_access_time_does_not_stop_the_cache(cache_dir):
 
 def _last_iteration_program(iterations: int):
     """Over (i, t): ``s[i, t] = 0.5 s[i, t-1] + x[t] + h[i]``, ``h[i+1] = tanh(h[i] + 0.1
-    s[i, T-1])``, read at the last iteration only (``y[I-1]``), with its expected value."""
+    s[i, T-1])``; ``2 h`` read at the last iteration only and ``3 h`` at the first only,
+    with their expected values."""
     ctx = tp.Context(dims=("i", "t"))
     (i, t), (I, T) = ctx.dims, ctx.bounds
     xs = np.linspace(-1.0, 1.0, 6).astype(np.float32)
@@ -139,26 +140,28 @@ def _last_iteration_program(iterations: int):
         s[True] = s[i, t - 1] * 0.5 + x + h
         h[0] = tp.const(np.float32(0.25))
         h[i + 1] = (h[i] + s[i, T - 1] * 0.1).tanh()
-        y = h * 2.0
-        last = y[I - 1]
+        last = (h * 2.0)[I - 1]
+        first = (h * 3.0)[0]
     state = 0.25
     for _ in range(iterations - 1):
         run = 0.0
         for k, value in enumerate(xs):
             run = (0.5 * run if k else 0.0) + value + state
         state = np.tanh(state + 0.1 * run)
-    return ctx, {I: iterations, T: len(xs)}, last, 2.0 * state
+    return ctx, {I: iterations, T: len(xs)}, [last, first], [2.0 * state, 0.75]
 
 
 def test_a_schedule_serves_every_length_of_the_outer_loop(cache_dir):
-    """isl's schedule is kept for the program's structure: a value needed at the last
-    iteration only is described relative to the bound, so a compile for another number of
-    iterations (a longer training run) takes the schedule from the cache."""
+    """isl's schedule is kept for the program's structure: values needed at the last or the
+    first iteration only are described relative to the bound or as 0, so a compile for
+    another number of iterations (a longer training run) takes the schedule from the cache."""
     notes = []
     for iterations in (5, 9):
-        ctx, bounds, last, expected = _last_iteration_program(iterations)
-        exe = ctx.compile(bounds, [last], backend="numpy")
-        np.testing.assert_allclose(exe.run()[last], expected, rtol=1e-5)
+        ctx, bounds, outputs, expected = _last_iteration_program(iterations)
+        exe = ctx.compile(bounds, outputs, backend="numpy")
+        results = exe.run()
+        for rt, want in zip(outputs, expected):
+            np.testing.assert_allclose(results[rt], want, rtol=1e-5)
         notes.append(any("isl's schedule from the compile cache" in n for n in exe.report.notes))
     assert notes == [False, True]
     assert len(_entries(cache_dir)) == 1

@@ -539,12 +539,9 @@ class JaxBackend:
         return self._settled(self._take(values, rows, axis))
 
     def rows(self, values: Any, start: int, count: int, axis: int = 0) -> Any:
-        """``values[start:start + count]`` along ``axis``; all of them are ``values`` itself
-        (no program that copies them: a block store adopting a scan's stacked output)."""
+        """``values[start:start + count]`` along ``axis``."""
         if isinstance(values, np.ndarray):
             return values[(slice(None),) * axis + (slice(start, start + count),)]
-        if start == 0 and count == values.shape[axis]:
-            return values
         return self._settled(self._rows(values, start, count, axis))
 
     def update_rows(self, block: Any, at: Any, rows: Any, axis: int = 0) -> Any:

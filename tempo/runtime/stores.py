@@ -769,13 +769,17 @@ class BlockStore:
     def _adopted(self, prefix: tuple[int, ...], values: Any, ks: list[int], taken: list[int]) -> bool:
         """Whether the rows ``taken`` of ``values`` became the buffer of ``prefix`` as they
         are: every row of a buffer not yet made, in order, one contiguous slice (a lowered
-        acting loop's stacked observations; copying them would hold two copies at once)."""
+        acting loop's stacked observations; copying them would hold two copies at once).
+        Where they are all of ``values``, on the device, the buffer is ``values`` itself: no
+        slice program to compile and run (nothing else holds a scan's stacked output)."""
         if prefix in self.blocks or self.rows_axis or len(ks) != self.length \
                 or ks != list(range(self.length)) or taken != list(range(taken[0], taken[0] + self.length)):
             return False
         if tuple(values.shape[1:]) != self.shape or np.dtype(values.dtype) != np.dtype(self.dtype):
             return False
-        block = self.blocks[prefix] = self.buffers.rows(values, taken[0], self.length)
+        whole = self.buffers.on_device and taken[0] == 0 and self.length == values.shape[0] \
+            and self.buffers.backend.donatable(values)  # (a device array)
+        block = self.blocks[prefix] = values if whole else self.buffers.rows(values, taken[0], self.length)
         self.live[prefix], self.produced[prefix] = set(), set()
         self.bytes.add(block.nbytes)
         return True

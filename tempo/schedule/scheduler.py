@@ -328,14 +328,15 @@ def _bound_relative_boxes(poly: Polyhedral, concrete: isl.UnionSet) -> isl.Union
 
 
 def _relative_guess(poly: Polyhedral, op: Op, points: isl.UnionSet) -> isl.UnionSet | None:
-    """``points`` of ``op`` as, in turn: its one point relative to the bounds (where it is
-    one); a box with bound-relative upper ends; that box up to
+    """``points`` of ``op`` as, in turn: its one point, each coordinate 0 or relative to its
+    bound (where it is one point); a box with bound-relative upper ends; that box up to
     its lexicographic maximum (an iteration's last update not needed); either, cut by what
     else bounds the points inside it (``u mod 4 = 0``). None if none agrees."""
     piece = isl.Set.from_union_set(points)
     vars_ = [f"a{k}" for k in range(len(op.domain))]
+    top = _lexmax(piece)
     relative = [f"{poly.params[poly.bound_of[d]]} - {poly.bounds[poly.bound_of[d]] - v}"
-                for d, v in zip(op.domain, _lexmax(piece))]
+                for d, v in zip(op.domain, top)]
     box = [f"{piece.dim_min_val(k).to_python()} <= a{k} <= {poly.params[poly.bound_of[d]]} - "
            f"{poly.bounds[poly.bound_of[d]] - piece.dim_max_val(k).to_python()}"
            for k, d in enumerate(op.domain)]
@@ -344,12 +345,13 @@ def _relative_guess(poly: Polyhedral, op: Op, points: isl.UnionSet) -> isl.Union
                            + [f"{vars_[k]} {'<=' if k == len(vars_) - 1 else '<'} {relative[k]}"]) + ")"
         for k in range(len(vars_)))
     whole = poly.box(op)
-    # One point (a checkpoint at the last iteration): that point relative to the bounds
-    # (``a0 = I - 1``), not a box with a concrete lower end (``399 <= a0 <= I - 1``), so
-    # that isl's constraints, the schedule's cache key, are the same for any number of
+    # One point (a checkpoint at the last iteration): each coordinate 0 or relative to its
+    # bound (``a0 = I - 1``), not a box with a concrete lower end (``399 <= a0 <= I - 1``),
+    # so that isl's constraints, the schedule's cache key, are the same for any number of
     # iterations.
-    last = [f"{v} = {r}" for v, r in zip(vars_, relative)] if piece.is_singleton() else None
-    for constraints in (last, box, [*box, f"({lex})"] if vars_ else None):
+    point = [f"{v} = {'0' if m == 0 else r}" for v, m, r in zip(vars_, top, relative)] \
+        if piece.is_singleton() else None
+    for constraints in (point, box, [*box, f"({lex})"] if vars_ else None):
         if constraints is None:
             continue
         guess = whole.intersect(poly.union_set(

@@ -97,6 +97,30 @@ def test_a_written_device_buffer_is_not_copied_out():
     assert isinstance(store.read((0, slice(0, 1))), jax.Array)
 
 
+def test_a_device_buffer_adopts_a_whole_stacked_output():
+    """A scan's stacked output holding every row of a buffer not yet made becomes that
+    buffer as it is (no slice program, no copy); from a stacked output with more rows the
+    buffer is a slice. A read of the whole buffer is still a copy: it keeps its values
+    after the next write takes the buffer over."""
+    from tempo.runtime.backends import JaxBackend
+    from tempo.runtime.stores import BlockStore, DeviceBuffers, MemoryStats
+    rng = np.random.default_rng(5)
+    rows = rng.normal(size=(12, *ROW)).astype(np.float32)
+    store = BlockStore(MemoryStats(), 12, ROW, "float32", buffers=DeviceBuffers(JaxBackend()))
+    stacked = jax.numpy.asarray(rows)
+    store.write_rows([(0, k) for k in range(12)], stacked, list(range(12)))
+    assert store.blocks[(0,)] is stacked
+    longer = jax.numpy.asarray(np.concatenate([rows, rows[:1]]))
+    store.write_rows([(1, k) for k in range(12)], longer, list(range(1, 13)))
+    assert store.blocks[(1,)] is not longer
+    np.testing.assert_array_equal(np.asarray(store.read((1, slice(0, 12)))), [*rows[1:], rows[0]])
+    whole = store.read((0, slice(0, 12)))
+    store.free((0, 3))
+    store.write((0, 3), jax.numpy.full(ROW, 7.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(whole), rows)
+    assert (np.asarray(store.read((0, slice(3, 4)))) == 7.0).all()
+
+
 def _causal_sums(tile: int | None = None):
     """``s[t] = sum(x[0:t+1] * w)`` over ``t``: a growing slice read by a device kernel."""
     ctx = tp.Context(dims=("t",))
