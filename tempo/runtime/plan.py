@@ -584,7 +584,7 @@ class LoopPlanner:
                 init[key] = self.stores[key].reader(False)(r.first())
         return consts, stacked, init
 
-    def _fetch_shapes(self, reads: list[list[Reads | None]], fetches: list[Fetch],
+    def _fetch_shapes(self, reads: list[list[Reads | FirstRead | None]], fetches: list[Fetch],
                       trips: int) -> tuple[list, list, dict]:
         """What ``_fetch`` would read, as the shapes and dtypes of the values."""
         consts: list[BufferShape] = []
@@ -726,6 +726,9 @@ class LoopPlanner:
                         continue
                     coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
                 else:
+                    if target is ANY and (pos, k) not in fetched:
+                        moved.append(None)  # (nothing to check, nothing to fetch)
+                        continue
                     iterations, points = runs[pos]
                     if pos in template.taken:
                         chosen = template.taken[pos] == k
@@ -733,6 +736,9 @@ class LoopPlanner:
                     coords = self._index(pos, k, points, len(r.iterations))
                     if target is not ANY and _offset(r.coords, coords) != target:
                         return None
+                    if (pos, k) not in fetched:
+                        moved.append(None)
+                        continue
                 moved.append(Reads(r.edge, r.iterations, coords, r.made_at, r.fits))
             reads.append(moved)
         return reads
