@@ -56,11 +56,40 @@ class EpisodeStats:
 
     def record_env(self, k: int, reward: np.ndarray, done: np.ndarray) -> None:
         """Steps of env ``k`` (scalars, or one iteration's ``(T,)`` arrays)."""
-        for r, d in zip(np.atleast_1d(reward), np.atleast_1d(done)):
-            self.running_return[k] += r
-            self.running_length[k] += 1
-            if d:
-                self._finish(k)
+        if np.ndim(reward) == 0:
+            self.record(np.atleast_1d(reward), np.atleast_1d(done), np.array([k]))
+        else:
+            self.record_steps(np.asarray(reward)[None], np.asarray(done)[None], np.array([k]))
+
+    def record_steps(self, rewards: np.ndarray, dones: np.ndarray, envs: np.ndarray | None = None) -> None:
+        """``T`` steps of every env, or of ``envs`` at once: ``(envs, T)`` rewards and ends.
+
+        The same as ``record`` step by step, episodes in the same order (by step, then
+        env), without a Python loop over the steps: an episode's return is a difference of
+        running sums in float64, which equals the step-by-step sum wherever float64 adds
+        the rewards exactly (as it adds float32 rewards of one magnitude); the first
+        episode of each env in the block is summed in the same order as ``record``'s."""
+        at = slice(None) if envs is None else envs
+        rewards = np.asarray(rewards, np.float64)
+        n, steps = rewards.shape
+        sums = np.cumsum(np.concatenate([self.running_return[at][:, None], rewards], axis=1), axis=1)
+        env, step = (a.astype(np.int64) for a in np.nonzero(np.asarray(dones) != 0))  # env-major
+        first = np.ones(len(env), bool)
+        first[1:] = env[1:] != env[:-1]
+        before = np.where(first, 0, np.roll(step + 1, 1))  # where the episode began in the block
+        returns = sums[env, step + 1] - np.where(first, 0.0, sums[env, before])
+        lengths = step + 1 - before + np.where(first, self.running_length[at][env], 0)
+        order = np.lexsort((env, step))  # by step, then env: ``record``'s order
+        self.returns.extend(returns[order].tolist())
+        self.lengths.extend(lengths[order].tolist())
+        last = np.full(n, -1, np.int64)  # per env, its last end's step in the block
+        last[env] = step
+        ended = last >= 0
+        running = sums[:, steps].copy()
+        running[ended] -= sums[ended, last[ended] + 1]
+        length = self.running_length[at] + steps
+        length[ended] = steps - 1 - last[ended]
+        self.running_return[at], self.running_length[at] = running, length
 
     def _finish(self, k: int) -> None:
         self.returns.append(float(self.running_return[k]))
@@ -212,9 +241,8 @@ class EnvBase:
         k = point.get(self._env_dim)
         if k is not None:
             self.stats.record_env(k, rewards, dones)
-            return
-        for reward, done in zip(rewards.T, dones.T):
-            self.stats.record(reward, done)
+        else:
+            self.stats.record_steps(rewards, dones)
 
     def _env_udf(self, fn: Callable[..., tuple], inputs: list[RecurrentTensor],
                  outputs: list[tuple[tuple[int, ...], str]], name: str, domain: tuple = (),
