@@ -88,6 +88,13 @@ class LoopPolicy:
     accelerator a sixteenth of the memory JAX's allocator may use there
     (``lowering.stacked_cap_mb``)."""
 
+    late_sinks: bool = True
+    """On the JAX backend, run the host ops that only feed sinks (a training loop's
+    metrics and checkpoint sinks, an env's record of its episodes) one occurrence late,
+    after the next iteration's device work was dispatched, instead of waiting for the
+    device where the program reaches them (``tempo.runtime.tail``). Host ops still run in
+    the program's order among themselves. False: each where the program reaches it."""
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown loop mode {self.mode!r}; choose one of {', '.join(MODES)}")

@@ -34,6 +34,7 @@ from tempo.runtime.blocks import (
 from tempo.runtime.footprint import Footprint, Prediction
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops
 from tempo.runtime.nest import depth, statement_names
+from tempo.runtime.plan import point_op
 from tempo.runtime.profile import RunProfile, XlaCompiles
 from tempo.runtime.stores import (
     BlockStore,
@@ -48,6 +49,7 @@ from tempo.runtime.stores import (
     WindowStore,
     grown_buffers,
 )
+from tempo.runtime.tail import NO_TAIL, Lag, Tail, freed_behind, host_tail, in_order, lagging
 from tempo.schedule import ast
 from tempo.schedule.memory import point_bytes, swapped_ops, window_widths
 from tempo.schedule.scheduler import Schedule, Statement
@@ -134,6 +136,13 @@ class Executable:
         self._spanned = {schedule.statements[s].op.id for lowerable in self._lowered.values()
                          if lowerable.spans for s in statement_names(lowerable.loop)}
         """The ops of loops lowered in spans (``tempo.runtime.lowering``)."""
+        in_loops = {schedule.statements[s].op.id for lowerable in self._lowered.values()
+                    for s in statement_names(lowerable.loop)}
+        self.tail = host_tail(graph, schedule.last_reads, in_loops) \
+            if backend.name == "jax" and self.loops.late_sinks and not self._spanned \
+            and getattr(backend, "mesh", None) is None else NO_TAIL
+        """The host ops that only feed sinks, which run one occurrence late, with the ops
+        and frees between them (``tempo.runtime.tail``)."""
         self._launchers: dict[str, LoopLauncher] = {}
         """Each lowerable loop's launcher, made at the first run and kept across runs (its
         compiled scans, plan templates and timings with it)."""
@@ -165,8 +174,10 @@ class Executable:
         self.stats = MemoryStats()
         stores = _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, self.stats,
                               self.swapped, self.windows)
+        lag = Lag() if self.tail and profile is None else None  # (a profile times each statement)
         namespace = _statement_table(self.graph, self.schedule, stores, self.bounds,
-                                     self.backend, shift, self.ctx.bound_of, self._programs, self._spanned)
+                                     self.backend, shift, self.ctx.bound_of, self._programs, self._spanned,
+                                     (self.tail, lag) if lag is not None else None)
         ahead: list[Future] = []  # (cancelled at the end: kernels of statements not reached)
         if not self._compiled_ahead:  # later runs find the kernels compiled
             self._compiled_ahead = True
@@ -186,10 +197,16 @@ class Executable:
             self._bind_loops(stores, namespace, batched, profile)
             with recording:
                 self._program(namespace)
+                if lag is not None:
+                    lag.catch_up()
         except StopRun as stop:  # its point is as host ops see it: moved by the origin
             by_name = {d.name: k for d, k in shift.items()}
             stopped = {name: v - by_name.get(name, 0) for name, v in stop.point.items()}
-        finally:  # the launchers outlive the run, its stored values must not
+            if lag is not None:  # (what the stop's point and the points before it queued)
+                lag.catch_up()
+        finally:
+            if lag is not None:  # (a run that failed: its late work is not done)
+                lag.drop()  # the launchers outlive the run, its stored values must not
             for launch in self._launchers.values():
                 launch.bind({}, {}, {})
                 launch.cancel_waiting()
@@ -306,19 +323,32 @@ def _checked_origin(ctx: ProgramDims, origin: dict[Symbol, int]) -> dict[Symbol,
 
 def _statement_table(graph: SDG, schedule: Schedule, stores: dict, bounds: dict[Symbol, int],
                      backend: Backend, shift: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
-                     programs: dict[int, _Programs], spanned: Collection[int] = ()) -> dict[str, Callable]:
+                     programs: dict[int, _Programs], spanned: Collection[int] = (),
+                     late: tuple[Tail, Lag] | None = None) -> dict[str, Callable]:
     """Per statement, its launcher. The ops of ``spanned`` run in a loop lowered in spans:
     their later points run in scans, so a block launcher of theirs compiles no later row
-    counts ahead (``_block_launcher``)."""
+    counts ahead (``_block_launcher``). With ``late``, the tail's statements run one
+    occurrence late, and other host ops after them (``tempo.runtime.tail``)."""
     table: dict[str, Callable] = {}
+    tail, lag = late or (NO_TAIL, Lag())
     for name, stmt in schedule.statements.items():
         op = stmt.op
-        if stmt.kind == "exec":
-            extent = bounds[bound_of[op.domain[-1]]] if op.domain and op.id not in spanned else 0
-            table[name] = make_launcher(op, graph.in_edges(op), stores, bounds, backend, shift,
-                                        schedule.last_reads, extent, programs)
-        else:
-            table[name] = _free(op, stmt.freed, stores)
+        if stmt.kind != "exec":
+            free = _free(op, stmt.freed, stores)
+            table[name] = freed_behind(free, lag) if op.id in tail else free
+            continue
+        edges = graph.in_edges(op)
+        if op.id in tail.host:
+            table[name] = _late_host_launcher(name, op, edges, stores, bounds, backend, shift, tail, lag)
+            continue
+        extent = bounds[bound_of[op.domain[-1]]] if op.domain and op.id not in spanned else 0
+        launch = make_launcher(op, edges, stores, bounds, backend, shift, schedule.last_reads, extent,
+                               programs)
+        if op.id in tail.whole:
+            launch = lagging(name, launch, lag)
+        elif late is not None and op.definition.host and not point_op(op):
+            launch = in_order(launch, lag)
+        table[name] = launch
     return table
 
 
@@ -695,20 +725,54 @@ def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Sym
     """A host op's launcher: its inputs as NumPy arrays, its outputs moved to the backend
     (``from_host``) except those kept in host memory (``on_host``: a block store's host
     buffers, which would copy a device value back)."""
-    kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
-    to_host, domain = backend.to_host, op.domain
-    shifted, offsets = _host_view(op, bounds, shift)
-    dim, size = params.get("rows_of") or (None, 0)
+    dim, size = op.params.get("rows_of") or (None, 0)
     rows = backend.process_rows(dim, size) if dim is not None else None
     if rows is not None:  # a batched UDF over a dim split over processes: this process's rows
+        shifted, offsets = _host_view(op, bounds, shift)
         return _own_rows_launcher(op, reads, writes, backend, shifted, offsets, rows)
-    moves = [(lambda value: value) if kept else backend.from_host for kept in on_host]
+    call, to_host = _host_call(op, writes, bounds, backend, shift, on_host), backend.to_host
 
     def launch(point: tuple[int, ...]) -> None:
+        call(point, [to_host(read(phi(*point))) for read, phi in reads])
+    return launch
+
+
+def _host_call(op: Op, writes: list[Callable], bounds: dict[Symbol, int], backend: Backend,
+               shift: dict[Symbol, int], on_host: list[bool]) -> Callable[[tuple[int, ...], list], None]:
+    """A host op's kernel at a point, given its inputs on the host, writing its outputs
+    (see ``_host_launcher``)."""
+    kernel, params, multi, domain = op.definition.kernel, op.params, op.definition.multi_output, op.domain
+    shifted, offsets = _host_view(op, bounds, shift)
+    moves = [(lambda value: value) if kept else backend.from_host for kept in on_host]
+
+    def call(point: tuple[int, ...], inputs: list) -> None:
         env = {**shifted, **{d: p + k for d, p, k in zip(domain, point, offsets)}}
-        outs = kernel(params, env, *(to_host(read(phi(*point))) for read, phi in reads))
+        outs = kernel(params, env, *inputs)
         for write, move, value in zip(writes, moves, outs if multi else (outs,)):
             write(point, move(value))
+    return call
+
+
+def _late_host_launcher(name: str, op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int],
+                        backend: Backend, shift: dict[Symbol, int], tail: Tail, lag: Lag) -> Launcher:
+    """A host op of the tail: it reads its inputs from outside the tail where the program
+    reaches it (references: the values stay as they are, whatever is freed meanwhile), and
+    runs one occurrence late (``tempo.runtime.tail``), reading the tail's values then."""
+    reads = [(_reader(source_store(e, stores), e, True, backend), compile_function(e.phi, op.domain, bounds),
+              e.src.id in tail) for e in edges]
+    on_host = [isinstance(stores[(op.id, k)], BlockStore) and not stores[(op.id, k)].buffers.on_device
+               for k in range(len(op.outputs))]
+    call = _host_call(op, [stores[(op.id, k)].write for k in range(len(op.outputs))], bounds, backend,
+                      shift, on_host)
+    to_host = backend.to_host
+
+    def launch(point: tuple[int, ...]) -> None:
+        early = [None if late else read(phi(*point)) for read, phi, late in reads]
+
+        def run_late() -> None:
+            call(point, [to_host(read(phi(*point)) if late else value)
+                         for (read, phi, late), value in zip(reads, early)])
+        lag.defer(name, run_late)
     return launch
 
 
