@@ -206,8 +206,8 @@ class Executable:
                 lag.catch_up()
         finally:
             if lag is not None:  # (a run that failed: its late work is not done)
-                lag.drop()  # the launchers outlive the run, its stored values must not
-            for launch in self._launchers.values():
+                lag.drop()
+            for launch in self._launchers.values():  # the launchers outlive the run, its values must not
                 launch.bind({}, {}, {})
                 launch.cancel_waiting()
             for programs in self._programs.values():  # (a run that stopped early)
@@ -665,9 +665,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.kind == "merge":
         return _merge_launcher(op, edges, reads, writes[0], bounds)
     if op.definition.host:
-        on_host = [isinstance(stores[(op.id, k)], BlockStore) and not stores[(op.id, k)].buffers.on_device
-                   for k in range(len(op.outputs))]
-        return _host_launcher(op, reads, writes, bounds, backend, shift or {}, on_host)
+        return _host_launcher(op, reads, writes, bounds, backend, shift or {}, _kept_on_host(op, stores))
     return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores,
                             static_shapes, extent, {} if programs is None else programs)
 
@@ -737,6 +735,13 @@ def _host_launcher(op: Op, reads: list, writes: list[Callable], bounds: dict[Sym
     return launch
 
 
+def _kept_on_host(op: Op, stores: dict) -> list[bool]:
+    """Per output of a host op, whether its store keeps it in host memory (a block store's
+    host buffers)."""
+    return [isinstance(stores[(op.id, k)], BlockStore) and not stores[(op.id, k)].buffers.on_device
+            for k in range(len(op.outputs))]
+
+
 def _host_call(op: Op, writes: list[Callable], bounds: dict[Symbol, int], backend: Backend,
                shift: dict[Symbol, int], on_host: list[bool]) -> Callable[[tuple[int, ...], list], None]:
     """A host op's kernel at a point, given its inputs on the host, writing its outputs
@@ -760,10 +765,8 @@ def _late_host_launcher(name: str, op: Op, edges: list[Edge], stores: dict, boun
     runs one occurrence late (``tempo.runtime.tail``), reading the tail's values then."""
     reads = [(_reader(source_store(e, stores), e, True, backend), compile_function(e.phi, op.domain, bounds),
               e.src.id in tail) for e in edges]
-    on_host = [isinstance(stores[(op.id, k)], BlockStore) and not stores[(op.id, k)].buffers.on_device
-               for k in range(len(op.outputs))]
     call = _host_call(op, [stores[(op.id, k)].write for k in range(len(op.outputs))], bounds, backend,
-                      shift, on_host)
+                      shift, _kept_on_host(op, stores))
     to_host = backend.to_host
 
     def launch(point: tuple[int, ...]) -> None:
