@@ -49,13 +49,11 @@ from tempo.runtime.stores import (
     WindowStore,
     grown_buffers,
 )
-from tempo.runtime.tail import NO_TAIL, Lag, Tail, freed_behind, host_tail, in_order, lagging
+from tempo.runtime.tail import NO_TAIL, Lag, Launcher, Tail, freed_behind, host_tail, in_order, lagging
 from tempo.schedule import ast
 from tempo.schedule.memory import point_bytes, swapped_ops, window_widths
 from tempo.schedule.scheduler import Schedule, Statement
 from tempo.symbolic.expr import FALSE, Expr, Slice, Symbol, compile_function, const
-
-Launcher = Callable[[tuple[int, ...]], None]
 
 
 class ProgramDims(Protocol):
@@ -202,10 +200,15 @@ class Executable:
         except StopRun as stop:  # its point is as host ops see it: moved by the origin
             by_name = {d.name: k for d, k in shift.items()}
             stopped = {name: v - by_name.get(name, 0) for name, v in stop.point.items()}
-            if lag is not None:  # (what the stop's point and the points before it queued)
-                lag.catch_up()
+        except Exception as err:  # what was queued before the failure, as a prompt run did it
+            if lag is not None:
+                try:
+                    lag.catch_up()
+                except Exception as late:
+                    err.add_note(f"then the late host work queued before it failed too: {late!r}")
+            raise
         finally:
-            if lag is not None:  # (a run that failed: its late work is not done)
+            if lag is not None:  # (an interrupt: its late work is not done)
                 lag.drop()
             for launch in self._launchers.values():  # the launchers outlive the run, its values must not
                 launch.bind({}, {}, {})

@@ -8,20 +8,31 @@ iteration's episodes read the values the iteration just computed, so every itera
 drained the device before the next one was dispatched.
 
 The *tail* of a program is its host ops that nothing but the tail reads (sinks, which
-read nothing back, and UDFs read only by sinks), with the device ops and merges that read
-only the tail. A tail op's statement does not run where the program reaches it: it is
-queued, with the values it reads from outside the tail (read there, so later frees do not
-touch them), and runs when the program reaches the same statement again, or at the end of
-the run. The frees of the tail's values are queued behind it. So each tail op runs one
-occurrence late, after the next iteration's device work was dispatched, and its
-``to_host`` finds the values ready.
+read nothing back, UDFs read only by sinks, and anything else whose values only the tail
+or the run's outputs read), with the device ops and merges that read only the tail. A
+tail op's statement does not run where the program reaches it: it is queued, with the
+values it reads from outside the tail (read there, so later frees do not touch them), and
+runs when the program reaches the same statement again, or at the end of the run. The
+frees of the tail's values are queued behind it. So each tail op runs one occurrence
+late, after the next iteration's device work was dispatched, and its ``to_host`` finds
+the values ready.
 
 Every other host op first runs what is queued: host ops (and the Python state they keep,
 such as an env's episode counts) still run in the program's order among themselves; only
-the device work moves ahead of the tail. Excluded from the tail: ``tp.stop_when`` (it
-decides what runs next), UDFs over a dim split over processes, ops in loops lowered in
-spans (their sinks wait for spans already), and host ops reading a value some device
-kernel donates (the queued reference must outlive the read).
+the device work moves ahead of the tail (so a sink that reads the run's memory counters or
+the clock sees them one iteration on). A statement that runs once every few iterations (a
+checkpoint sink) runs when the next host op outside the tail, a later occurrence of a
+tail statement queued after it, or the end of the run comes. A run that fails runs what
+was queued before the failure, as the program had reached it (work that itself fails
+drops what was queued after it); an interrupt (``KeyboardInterrupt``) drops the queue.
+
+Excluded from the tail: ``tp.stop_when`` (it decides what runs next), point ops, UDFs
+over a dim split over processes, ops in lowered loops, and host ops reading a value some
+device kernel donates (the queued reference must outlive the read). A program with a
+loop lowered in spans (whose sinks wait for spans already), over a mesh or run with a
+``RunProfile`` has no late work. A tail host op that reads a slice of a point store still
+reads it on the host where the program reaches it (the host reader stacks the points
+there, waiting for them).
 """
 
 from __future__ import annotations
@@ -59,17 +70,19 @@ NO_TAIL = Tail(frozenset(), frozenset())
 def host_tail(graph: SDG, last_reads: dict[Edge, Expr], excluded: Collection[int]) -> Tail:
     """The largest tail of ``graph`` (see the module): ops outside ``excluded`` every
     reader of which is in it, host ops reading no value a kernel donates
-    (``last_reads``), other ops reading only the tail's values."""
+    (``last_reads``), other ops reading only the tail's values. An op leaves it when it
+    does not fit, and its inputs' makers are checked again (a worklist: linear in the
+    graph's edges, each op checked again only when a neighbour leaves)."""
     donated = {(e.src.id, e.src_out) for e, cond in last_reads.items() if cond is not FALSE}
+    readers = graph.consumers()
     tail = {op.id for op in graph.ops.values() if op.id not in excluded and _may_lag(op)}
-    changed = True
-    while changed:
-        changed = False
-        for op_id in list(tail):
-            op = graph.ops[op_id]
-            if not _fits(op, graph, tail, donated):
-                tail.discard(op_id)
-                changed = True
+    pending = list(tail)
+    while pending:
+        op_id = pending.pop()
+        if op_id in tail and not _fits(graph.ops[op_id], graph, readers[op_id], tail, donated):
+            tail.discard(op_id)  # its makers now have a reader outside, its readers an input
+            pending.extend(e.src.id for e in graph.in_edges(graph.ops[op_id]) if e.src.id in tail)
+            pending.extend(e.sink.id for e in readers[op_id] if e.sink.id in tail)
     host = frozenset(k for k in tail if graph.ops[k].definition.host)
     return Tail(host, frozenset(tail - host)) if host else NO_TAIL
 
@@ -80,8 +93,8 @@ def _may_lag(op: Op) -> bool:
     return not point_op(op) and not op.params.get("stops") and op.params.get("rows_of") is None
 
 
-def _fits(op: Op, graph: SDG, tail: set[int], donated: set[tuple[int, int]]) -> bool:
-    if any(e.sink.id not in tail for e in graph.out_edges(op)):
+def _fits(op: Op, graph: SDG, readers: list[Edge], tail: set[int], donated: set[tuple[int, int]]) -> bool:
+    if any(e.sink.id not in tail for e in readers):
         return False
     inputs = graph.in_edges(op)
     if op.definition.host:
@@ -90,7 +103,8 @@ def _fits(op: Op, graph: SDG, tail: set[int], donated: set[tuple[int, int]]) -> 
 
 
 class Lag:
-    """A run's queue of late work, in program order."""
+    """A run's queue of late work, in program order. Work that fails drops what was queued
+    after it (the program would not have reached that)."""
 
     def __init__(self) -> None:
         self._queue: list[tuple[str | None, Work]] = []
@@ -101,8 +115,7 @@ class Lag:
         last = next((n for n in range(len(self._queue) - 1, -1, -1) if self._queue[n][0] == name), -1)
         if last >= 0:
             due, self._queue = self._queue[:last + 1], self._queue[last + 1:]
-            for _, earlier in due:
-                earlier()
+            self._run(due)
         self._queue.append((name, work))
 
     def behind(self, work: Work) -> None:
@@ -116,16 +129,29 @@ class Lag:
         """Run everything queued, in order."""
         while self._queue:
             due, self._queue = self._queue, []
-            for _, earlier in due:
-                earlier()
+            self._run(due)
 
     def drop(self) -> None:
+        """Forget what is queued (an interrupted run)."""
         self._queue = []
+
+    def _run(self, due: list[tuple[str | None, Work]]) -> None:
+        for _, work in due:
+            try:
+                work()
+            except BaseException:
+                self._queue = []
+                raise
 
 
 def lagging(name: str, launch: Launcher, lag: Lag) -> Launcher:
     """``launch`` (a tail op's whole statement) run one occurrence late."""
-    return lambda point: lag.defer(name, lambda: launch(point))
+    def launch_late(point: tuple[int, ...]) -> None:
+        lag.defer(name, lambda: launch(point))
+    ahead = getattr(launch, "compile_ahead", None)  # (a block launcher's: see executable)
+    if ahead is not None:
+        launch_late.compile_ahead = ahead  # type: ignore[attr-defined]
+    return launch_late
 
 
 def freed_behind(free: Launcher, lag: Lag) -> Launcher:

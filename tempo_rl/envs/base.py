@@ -73,9 +73,15 @@ class EpisodeStats:
         rewards = np.asarray(rewards, np.float64)
         n, steps = rewards.shape
         sums = np.cumsum(np.concatenate([self.running_return[at][:, None], rewards], axis=1), axis=1)
+        if not np.isfinite(sums).all():  # (differences would carry a NaN past its episode's end)
+            for t in range(steps):
+                self.record(rewards[:, t], np.asarray(dones)[:, t], envs)
+            return
         env, step = (a.astype(np.int64) for a in np.nonzero(np.asarray(dones) != 0))  # env-major
         first = np.ones(len(env), bool)
         first[1:] = env[1:] != env[:-1]
+        final = np.ones(len(env), bool)  # each env's last end in the block
+        final[:-1] = env[1:] != env[:-1]
         before = np.where(first, 0, np.roll(step + 1, 1))  # where the episode began in the block
         returns = sums[env, step + 1] - np.where(first, 0.0, sums[env, before])
         lengths = step + 1 - before + np.where(first, self.running_length[at][env], 0)
@@ -83,7 +89,7 @@ class EpisodeStats:
         self.returns.extend(returns[order].tolist())
         self.lengths.extend(lengths[order].tolist())
         last = np.full(n, -1, np.int64)  # per env, its last end's step in the block
-        last[env] = step
+        last[env[final]] = step[final]
         ended = last >= 0
         running = sums[:, steps].copy()
         running[ended] -= sums[ended, last[ended] + 1]

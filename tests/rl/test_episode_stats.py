@@ -53,3 +53,18 @@ def test_a_block_of_some_envs_leaves_the_others_alone():
     stats.record_env(0, np.array([1.0, 1.0]), np.array([0.0, 1.0]))
     stats.record_env(1, 1.0, True)
     assert stats.returns == [4.0, 3.0, 3.0] and stats.lengths == [3, 3, 2]
+
+
+def test_a_nan_reward_spoils_its_own_episode_only():
+    rewards = np.ones((2, 6), np.float32)
+    rewards[0, 1] = np.nan
+    dones = np.zeros((2, 6), np.float32)
+    dones[:, 2] = 1
+    stats = EpisodeStats(2)
+    stats.record_steps(rewards, dones)
+    stats.record_steps(np.ones((2, 2), np.float32), np.array([[0, 1], [0, 1]], np.float32))
+    returns, lengths, running, length = step_by_step(2, [(rewards, dones),
+                                                         (np.ones((2, 2)), np.array([[0, 1], [0, 1]]))])
+    assert np.isnan(stats.returns[0]) and np.isnan(returns[0])
+    assert stats.returns[1:] == returns[1:] == [3.0, 5.0, 5.0] and stats.lengths == lengths
+    np.testing.assert_array_equal(stats.running_return, running)
