@@ -153,7 +153,8 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
     exe = ctx.compile(program.bounds(total - first, num_steps), backend=cfg.get("backend", "auto"),
                       passes=None if passes is None else list(passes),
                       memory=tp.MemoryPolicy(**cfg.get("memory", {})),
-                      loops=tp.LoopPolicy(str(cfg["loops"])) if cfg.get("loops") else tp.LoopPolicy(),
+                      loops=tp.LoopPolicy(str(cfg.get("loops") or "lowered"),
+                                          late_sinks=bool(cfg.get("late_sinks", True))),
                       distribution=split)
     compiled = time.perf_counter()
     logger.memory = lambda: exe.stats

@@ -56,3 +56,26 @@ def test_resuming_past_the_end_is_an_error(tmp_path):
     full = train(config(*common), tmp_path / "full", progress=False)
     with pytest.raises(ValueError, match="none left to run"):
         train(config(*common, f"resume_from={full.checkpoint}"), tmp_path / "again", progress=False)
+
+
+def test_late_sinks_log_and_save_what_prompt_ones_do(tmp_path):
+    """The metrics, episodes and every checkpoint of a JAX run are the same whether its
+    sinks run one iteration late (the default) or where the iteration reaches them."""
+    common = ("env=gymnax_cartpole", "algorithm.num_steps=16", "env.num_envs=2", "total_timesteps=256",
+              "checkpoint_every=3", "keep_checkpoints=true", "backend=jax")  # 8 iterations
+    late = train(config(*common), tmp_path / "late", progress=False)
+    prompt = train(config(*common, "late_sinks=false"), tmp_path / "prompt", progress=False)
+    assert len(late.history) == len(prompt.history) == 8
+    for a, b in zip(late.history, prompt.history):
+        assert {k: v for k, v in a.items() if not is_measurement(k)} == \
+            {k: v for k, v in b.items() if not is_measurement(k)}
+    assert late.episode_returns and late.episode_returns == prompt.episode_returns
+    saved = sorted(p.name for p in (tmp_path / "late" / "checkpoints").iterdir())
+    assert saved == sorted(p.name for p in (tmp_path / "prompt" / "checkpoints").iterdir())
+    assert saved == ["iteration_2.npz", "iteration_5.npz", "iteration_7.npz", "last.npz"]
+    for name in saved:
+        a = checkpoint.load(tmp_path / "late" / "checkpoints" / name)
+        b = checkpoint.load(tmp_path / "prompt" / "checkpoints" / name)
+        assert set(a) == set(b)
+        for key in set(a) - {CONFIG_KEY}:  # (the configs differ by late_sinks)
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"{name}: {key}")
