@@ -154,7 +154,7 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
                       passes=None if passes is None else list(passes),
                       memory=tp.MemoryPolicy(**cfg.get("memory", {})),
                       loops=tp.LoopPolicy(str(cfg.get("loops") or "lowered"),
-                                          late_sinks=bool(cfg.get("late_sinks", True))),
+                                          late_sinks=cfg.get("late_sinks")),
                       distribution=split)
     compiled = time.perf_counter()
     logger.memory = lambda: exe.stats

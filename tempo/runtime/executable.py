@@ -136,9 +136,9 @@ class Executable:
         """The ops of loops lowered in spans (``tempo.runtime.lowering``)."""
         in_loops = {schedule.statements[s].op.id for lowerable in self._lowered.values()
                     for s in statement_names(lowerable.loop)}
-        self.tail = host_tail(graph, schedule.last_reads, in_loops) \
-            if backend.name == "jax" and self.loops.late_sinks and not self._spanned \
-            and getattr(backend, "mesh", None) is None else NO_TAIL
+        late = backend.name == "jax" and not self._spanned and getattr(backend, "mesh", None) is None \
+            and (self.loops.late_sinks if self.loops.late_sinks is not None else not backend.on_cpu)
+        self.tail = host_tail(graph, schedule.last_reads, in_loops) if late else NO_TAIL
         """The host ops that only feed sinks, which run one occurrence late, with the ops
         and frees between them (``tempo.runtime.tail``)."""
         self._launchers: dict[str, LoopLauncher] = {}

@@ -114,6 +114,34 @@ def test_a_sink_runs_after_the_next_iteration_was_dispatched(monkeypatch):
     assert all(a > b for a, b in zip(late[:-1], prompt[:-1])), (late, prompt)
 
 
+def test_device_work_that_fails_finds_the_late_work_before_it_done(monkeypatch):
+    """A failure outside the tail (here the device work reading the parameters at the
+    last iteration) runs what was queued before it, as a prompt run had done by then."""
+    make_launcher = executable.make_launcher
+
+    def failing(op, edges, *args, **kwargs):
+        launch = make_launcher(op, edges, *args, **kwargs)
+        if op.definition.host or not any(e.src.kind == "merge" for e in edges):
+            return launch
+
+        def launch_or_fail(point: tuple[int, ...]) -> None:
+            if point == (I - 1,):
+                raise RuntimeError("the update fails here")
+            launch(point)
+        return launch_or_fail
+    monkeypatch.setattr(executable, "make_launcher", failing)
+    logs = []
+    for late in (True, False):
+        log: list = []
+        ctx, w, (Ib, Tb) = _program(log, host_step=False)
+        exe = ctx.compile({Ib: I, Tb: T}, [w], backend="jax", loops=tp.LoopPolicy(late_sinks=late))
+        with pytest.raises(RuntimeError, match="the update fails here"):
+            exe.run()
+        logs.append(log)
+    assert logs[0] == logs[1]
+    assert [e[1] for e in logs[0] if e[0] == "sink"] == [0, 1, 2, 3]
+
+
 def test_a_sink_that_fails_stops_the_run_where_a_prompt_one_does():
     with pytest.raises(RuntimeError, match="the sink stops here"):
         _program_run_raising("jax", True)
@@ -158,9 +186,13 @@ def test_late_work_that_fails_drops_what_was_queued_after_it():
     assert done == []
 
 
-def test_no_tail_without_the_option_or_on_numpy():
+def test_no_tail_without_the_option_on_numpy_or_by_default_on_a_cpu():
     assert not _run("jax", late=False)[0].tail
     assert not _run("numpy")[0].tail
+    log: list = []
+    ctx, w, (Ib, Tb) = _program(log)
+    exe = ctx.compile({Ib: I, Tb: T}, [w], backend="jax")
+    assert bool(exe.tail) == (not exe.backend.on_cpu)
 
 
 def test_a_host_op_reading_a_value_a_kernel_donates_stays_in_place():
