@@ -121,21 +121,6 @@ class Measurement:
     """Episodes finished in each iteration (``episode_returns`` in order)."""
 
 
-EXTRA_ITERATIONS = 1
-"""Iterations a ``train`` run takes beyond those it measures (``sink_intervals``)."""
-
-
-def sink_intervals(history: list[dict[str, Any]], steps_per_iteration: int, iterations: int) -> list[float]:
-    """Seconds of each of a ``train`` run's first ``iterations`` iterations, from a run of
-    ``EXTRA_ITERATIONS`` more: the time since the previous iteration's metrics arrived
-    (``charts/SPS``; the first since the run began). With late sinks (the JAX backend's
-    default, ``tempo.runtime.tail``) an iteration's metrics arrive when the next iteration
-    reaches the same point, so each interval is one iteration (the first two), except the
-    last, whose metrics arrive at the end of the run right after the one before: the extra
-    iteration's interval is left out."""
-    return [steps_per_iteration / row["charts/SPS"] for row in history[:iterations]]
-
-
 def score(env: EnvSettings, steps_per_iteration: int, returns: list[float], last: bool = True) -> float:
     """How well the policy does, from the finished episodes: on the synthetic env the mean
     reward per step over about one iteration's episodes (random: 1/num_actions), on

@@ -49,7 +49,7 @@ ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import EXTRA_ITERATIONS, fmt, ratio, render, report_result, run_worker, sink_intervals  # noqa: E402
+from benchmarks.common import fmt, ratio, render, report_result, run_worker  # noqa: E402
 
 ALGORITHMS = ("nstep", "nstep-per-step", "reinforce")
 VARIANTS = {"nstep-per-step": ("nstep", ("algorithm.normalize_advantages=false",))}
@@ -99,20 +99,20 @@ def tempo_config(cell: MemoryCell) -> dict[str, Any]:
                        f"env.obs_shape=[{','.join(str(d) for d in OBS_SHAPE)}]",
                        f"env.num_envs={NUM_ENVS}", f"algorithm.num_steps={cell.num_steps}",
                        f"algorithm.learning_rate={cell.learning_rate}", "backend=jax",
-                       f"total_timesteps={(cell.iterations + EXTRA_ITERATIONS) * cell.steps_per_iteration}",
+                       f"total_timesteps={cell.iterations * cell.steps_per_iteration}",
                        f"seed={cell.seed}", f"loops={cell.loops}", "progress=false", "checkpoint_every=0",
                        "logger.wandb.enabled=false")
 
 
 def run_tempo(cell: MemoryCell) -> dict[str, Any]:
     """All the cell's iterations in one ``train`` call; an iteration's time is the interval
-    between two iterations' metric sinks (``common.sink_intervals``)."""
+    between two iterations' metric sinks (``charts/SPS``; the first: since the run began)."""
     from tempo_rl.train import train
     with tempfile.TemporaryDirectory(prefix="tempo-memory-") as out:
         result = train(tempo_config(cell), Path(out), progress=False)
-    times = sink_intervals(result.history, cell.steps_per_iteration, cell.iterations)
+    times = [cell.steps_per_iteration / row["charts/SPS"] for row in result.history]
     losses = [{k.removeprefix("losses/"): float(v) for k, v in row.items() if k.startswith("losses/")}
-              for row in result.history[:cell.iterations]]
+              for row in result.history]
     chosen = [note.split(",")[0].removeprefix("memory: the ").removesuffix(" schedule")
               for note in result.compile_notes if note.startswith("memory: the ")]
     return {"compile_s": result.compile_seconds, "iteration_s": times, "losses": losses,

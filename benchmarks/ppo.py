@@ -319,9 +319,7 @@ def default_gymnax_cell(system: str, seed: int) -> Cell:
 def seconds_to(target: float, out: dict[str, Any]) -> tuple[float, int] | None:
     """Wall time from the start of training (setup and compile included) to the end of the
     first iteration after which the last ``TIME_TO_WINDOW`` episodes average ``target`` or
-    more, and that iteration; None if the run never got there. (Tempo's iterations end
-    where their metrics arrive: with late sinks, the JAX backend's default, when the next
-    iteration reaches the same point, which counts most of that iteration too.)"""
+    more, and that iteration; None if the run never got there."""
     elapsed, seen = out["setup_s"], 0
     returns = out["returns"]
     for k, (seconds, finished) in enumerate(zip(out["iteration_s"], out["episodes"])):

@@ -1,6 +1,5 @@
 """Tempo's PPO (``tempo_rl/algorithms/ppo.py``) as its users run it: ``tempo_rl.train.train``
-on a config, timed per iteration by the metrics it logs (``charts/SPS``,
-``common.sink_intervals``)."""
+on a config, timed per iteration by the metrics it logs (``charts/SPS``)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import EXTRA_ITERATIONS, Cell, Measurement, sink_intervals
+from benchmarks.common import Cell, Measurement
 
 ENV_GROUPS = {"synthetic": "synthetic", "gymnasium": "cartpole", "gymnax": "gymnax_cartpole"}
 """The ``conf/env`` group of each env implementation."""
@@ -29,7 +28,7 @@ def config_for(cell: Cell) -> dict[str, Any]:
     if cell.impl == "synthetic":
         cfg["env"]["obs_shape"] = list(cell.env.obs_shape)
     cfg["algorithm"]["num_steps"] = cell.ppo.num_steps
-    cfg["total_timesteps"] = (cell.total_iterations + EXTRA_ITERATIONS) * cell.steps_per_iteration
+    cfg["total_timesteps"] = cell.total_iterations * cell.steps_per_iteration
     if cell.system != "tempo":  # "tempo": the config's own backend (auto)
         cfg["backend"] = cell.system.removeprefix("tempo-")
     cfg["passes"] = None if cell.passes is None else list(cell.passes)
@@ -46,9 +45,13 @@ def run(cell: Cell) -> Measurement:
         start = time.perf_counter()
         result = train(config_for(cell), Path(out), progress=False)
         total = time.perf_counter() - start
-    measured = result.history[:cell.total_iterations]  # (not the extra one: ``sink_intervals``)
-    episodes = [int(row["charts/episodes"]) for row in measured]
-    return Measurement(result.compile_seconds,
-                       sink_intervals(result.history, cell.steps_per_iteration, cell.total_iterations),
-                       list(result.episode_returns)[:sum(episodes)], setup_s=total - result.run_seconds,
-                       episodes=episodes)
+    # The logger's SPS is one iteration's steps over the time since the previous iteration's
+    # metrics (the first: since the run started). With late sinks (the default on an
+    # accelerator, ``tempo.runtime.tail``) an iteration's metrics arrive when the next one
+    # reaches the same point: the first interval then spans two iterations and the last is
+    # only the end of the last one, the others are one iteration each (read the median of
+    # three or more; a CPU runs its sinks where the program reaches them).
+    times = [cell.steps_per_iteration / row["charts/SPS"] for row in result.history]
+    return Measurement(result.compile_seconds, times, list(result.episode_returns),
+                       setup_s=total - result.run_seconds,
+                       episodes=[int(row["charts/episodes"]) for row in result.history])
