@@ -56,10 +56,13 @@ class EpisodeStats:
 
     def record_env(self, k: int, reward: np.ndarray, done: np.ndarray) -> None:
         """Steps of env ``k`` (scalars, or one iteration's ``(T,)`` arrays)."""
-        if np.ndim(reward) == 0:
-            self.record(np.atleast_1d(reward), np.atleast_1d(done), np.array([k]))
-        else:
+        if np.ndim(reward):
             self.record_steps(np.asarray(reward)[None], np.asarray(done)[None], np.array([k]))
+            return
+        self.running_return[k] += reward
+        self.running_length[k] += 1
+        if done:
+            self._finish(k)
 
     def record_steps(self, rewards: np.ndarray, dones: np.ndarray, envs: np.ndarray | None = None) -> None:
         """``T`` steps of every env, or of ``envs`` at once: ``(envs, T)`` rewards and ends.
