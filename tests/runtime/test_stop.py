@@ -8,7 +8,7 @@ import pytest
 import tempo as tp
 
 
-def _counting(backend: str, limit: float, T: int = 50):
+def _counting(backend: str, limit: float, T: int = 50, loops: tp.LoopPolicy | None = None):
     """s[t] = s[t-1] + t; stop once s exceeds ``limit``; count the points a UDF saw."""
     seen: list[int] = []
     ctx = tp.Context(dims=("t",))
@@ -19,7 +19,7 @@ def _counting(backend: str, limit: float, T: int = 50):
         s[t + 1] = s + tp.symbol_value(t + 1).astype("float32")
         tp.sink(s, lambda v, p: seen.append(p["t"]), name="watch")
         tp.stop_when(s > limit)
-    exe = ctx.compile({Tb: T}, [s], backend=backend)
+    exe = ctx.compile({Tb: T}, [s], backend=backend, loops=loops)
     res = exe.run()
     return res, s, seen
 
@@ -32,6 +32,13 @@ def test_the_run_ends_where_the_condition_first_holds(backend):
     assert res.stopped_at == {"t": stop}
     np.testing.assert_array_equal(res[s], full[:stop + 1])
     assert seen == list(range(stop + 1))  # the stop point's own sink ran; the loop did not run on
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_a_stop_runs_the_late_sinks_before_it(late):
+    """With late sinks (``tempo.runtime.tail``) the stop point's own sink still runs."""
+    res, _, seen = _counting("jax", limit=20.0, loops=tp.LoopPolicy(late_sinks=late))
+    assert res.stopped_at == {"t": 6} and seen == list(range(7))
 
 
 def test_a_stop_points_sinks_run_whatever_the_order_they_were_written_in():

@@ -203,18 +203,3 @@ def test_a_host_op_reading_a_value_a_kernel_donates_stays_in_place():
     assert tally.id in host_tail(graph, {}, ()).host
     tail = host_tail(graph, {read: TRUE}, ())
     assert tally.id not in tail and tail.host  # (the sink still lags)
-
-
-@pytest.mark.parametrize("late", [True, False])
-def test_stop_when_ends_the_run_with_late_sinks(late):
-    seen: list[int] = []
-    ctx = tp.Context(dims=("t",))
-    (t,), (Tb,) = ctx.dims, ctx.bounds
-    with ctx:
-        s = tp.placeholder(shape=(), dtype="float32", domain=(t,))
-        s[0] = 0.0
-        s[t + 1] = s + tp.symbol_value(t + 1).astype("float32")
-        tp.sink(s, lambda v, p: seen.append(p["t"]), name="watch")
-        tp.stop_when(s > 20.0)
-    res = ctx.compile({Tb: 50}, [s], backend="jax", loops=tp.LoopPolicy(late_sinks=late)).run()
-    assert res.stopped_at == {"t": 6} and seen == list(range(7))
