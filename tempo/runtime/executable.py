@@ -662,8 +662,7 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
     if op.kind == "sum_readers":
         return _reader_sum_launcher(op, edges[0], stores, bounds, backend)
     static_shapes = not op.definition.host and has_static_shapes(op, edges, set(bounds), tiled=True)
-    reads = [(_reader(source_store(e, stores), e, not static_shapes, backend),
-              compile_function(e.phi, op.domain, bounds)) for e in edges]
+    reads = _reads(op, edges, stores, bounds, backend, not static_shapes)
     writes = [stores[(op.id, k)].write for k in range(len(op.outputs))]
     if op.kind == "merge":
         return _merge_launcher(op, edges, reads, writes[0], bounds)
@@ -671,6 +670,13 @@ def make_launcher(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, 
         return _host_launcher(op, reads, writes, bounds, backend, shift or {}, _kept_on_host(op, stores))
     return _device_launcher(op, edges, reads, writes, bounds, backend, last_reads or {}, stores,
                             static_shapes, extent, {} if programs is None else programs)
+
+
+def _reads(op: Op, edges: list[Edge], stores: dict, bounds: dict[Symbol, int], backend: Backend,
+           host: bool) -> list[tuple[Callable[[tuple], Any], Callable]]:
+    """Per input of ``op``, its store's reader and the index it reads at a point."""
+    return [(_reader(source_store(e, stores), e, host, backend), compile_function(e.phi, op.domain, bounds))
+            for e in edges]
 
 
 def _reader(store: Any, edge: Edge, host: bool, backend: Backend) -> Callable[[tuple], Any]:
@@ -766,8 +772,8 @@ def _late_host_launcher(name: str, op: Op, edges: list[Edge], stores: dict, boun
     """A host op of the tail: it reads its inputs from outside the tail where the program
     reaches it (references: the values stay as they are, whatever is freed meanwhile), and
     runs one occurrence late (``tempo.runtime.tail``), reading the tail's values then."""
-    reads = [(_reader(source_store(e, stores), e, True, backend), compile_function(e.phi, op.domain, bounds),
-              e.src.id in tail) for e in edges]
+    reads = [(read, phi, e.src.id in tail)
+             for (read, phi), e in zip(_reads(op, edges, stores, bounds, backend, True), edges)]
     call = _host_call(op, [stores[(op.id, k)].write for k in range(len(op.outputs))], bounds, backend,
                       shift, _kept_on_host(op, stores))
     to_host = backend.to_host
