@@ -1,19 +1,21 @@
 """The compile cache: results of compiling that a later process can reuse.
 
-Two things are kept, under one directory: isl's schedules, keyed by the schedule
+Three things are kept, under one directory: isl's schedules, keyed by the schedule
 constraints they were computed from (the domains, dependences and proximity of a program:
-the same program at the same sizes asks the same question), and, for the JAX backend,
-XLA's compiled programs (JAX's own persistent compilation cache, in ``jax/``). A second
-run of the same program then skips isl's scheduler and XLA's compiler.
+the same program at the same sizes asks the same question); the loop programs generated
+from them, keyed by the times of their statements; and, for the JAX backend, XLA's
+compiled programs (JAX's own persistent compilation cache, in ``jax/``). A second run of
+the same program then skips isl's scheduler, isl's AST generation and XLA's compiler.
 
 The directory is ``$TEMPO_CACHE_DIR`` when set (``off`` turns the cache off), else
 ``$XDG_CACHE_HOME/tempo`` or ``~/.cache/tempo``; ``set_cache_dir`` changes it for the
 process. XLA's part is kept under 2 GiB (least recently used programs go first); the
 schedules are small text files (a few KB to tens of KB each) and are never evicted:
-delete the directory to clear the cache. A schedule entry is isl text, parsed by isl
-(never executed); a damaged or unreadable entry is recomputed and rewritten. Entries are
-written atomically (a temporary file renamed into place), so concurrent runs may share
-the directory. JAX's entries are executables: like JAX's own cache, the directory must be
+delete the directory to clear the cache. A schedule entry is isl text, parsed by isl; a
+loop program is JSON, read as data (statements it names must be the program's, its
+expressions ours: ``tempo.schedule.ast.from_text``); neither is executed, and a damaged or
+unreadable entry is recomputed and rewritten. Entries are written atomically (a
+temporary file renamed into place), so concurrent runs may share the directory. JAX's entries are executables: like JAX's own cache, the directory must be
 writable by you alone (JAX's documentation: a compilation cache is trusted code).
 """
 

@@ -9,7 +9,9 @@ import pytest
 
 import tempo as tp
 from tempo import cache
-from tempo.schedule.scheduler import SCHEDULE_ENTRY
+from tempo.schedule import ast
+from tempo.schedule import scheduler as scheduler_module
+from tempo.schedule.scheduler import AST_ENTRY, SCHEDULE_ENTRY
 
 
 @pytest.fixture
@@ -48,8 +50,8 @@ def _compile_and_check(backend: str):
     return exe
 
 
-def _entries(root: Path) -> list[Path]:
-    return sorted((root / SCHEDULE_ENTRY).glob("*.txt"))
+def _entries(root: Path, kind: str = SCHEDULE_ENTRY) -> list[Path]:
+    return sorted((root / kind).glob("*.txt"))
 
 
 @pytest.mark.parametrize("backend", ["numpy", "jax"])
@@ -70,6 +72,43 @@ def test_a_damaged_entry_is_computed_again_and_rewritten(cache_dir):
     assert not any("compile cache" in n for n in again.report.notes)
     assert entry.read_text().startswith("{ domain: \"")  # rewritten with the real schedule
     assert any("compile cache" in n for n in _compile_and_check("numpy").report.notes)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_second_compile_reuses_the_loop_program(cache_dir, backend, monkeypatch):
+    first = _compile_and_check(backend)
+    assert len(_entries(cache_dir, AST_ENTRY)) == 1
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("the loop program was generated again")
+    monkeypatch.setattr(scheduler_module, "schedule_tree", not_again)
+    second = _compile_and_check(backend)
+    assert second.schedule.root == first.schedule.root
+    assert second.source == first.source
+
+
+def test_a_damaged_loop_program_is_made_again_and_rewritten(cache_dir):
+    first = _compile_and_check("numpy")
+    (entry,) = _entries(cache_dir, AST_ENTRY)
+    for damaged in ('["seq", [["stmt", "S1; import os", []]]]',  # not one of its statements
+                    '["seq", [["stmt", "S1", [["sym", "__import__(\'os\')", "loop"]]]]]',
+                    '["seq", [["loop", ["sym", "c0", "loop"], ["const", 0], ["exec", 1, 2], 1, '
+                    '["seq", []]]]]',  # an operation of no expression
+                    '["seq", [["stmt"',  # cut short
+                    "not json"):
+        entry.write_text(damaged)
+        again = _compile_and_check("numpy")
+        assert again.schedule.root == first.schedule.root
+        assert ast.from_text(entry.read_text(), first.schedule.statements) == first.schedule.root
+
+
+def test_a_loop_program_reads_back_as_it_was_written():
+    ctx, bounds, outputs, _ = _program()
+    root = ctx.compile(bounds, outputs, backend="numpy").schedule.root
+    names = [stmt.name for stmt in ast.statements(root)]
+    assert ast.from_text(ast.to_text(root), names) == root
+    with pytest.raises(ValueError, match="not a node"):
+        ast.from_text(ast.to_text(root), names[1:])
 
 
 def test_off_writes_nothing(tmp_path):

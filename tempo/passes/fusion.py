@@ -24,7 +24,7 @@ import islpy as isl
 import numpy as np
 
 from tempo.analysis.needed import needed_by_op
-from tempo.analysis.polyhedral import statement_name
+from tempo.analysis.polyhedral import statement_name, union_of
 from tempo.ir.graph import SDG, Edge, Op, has_static_shapes
 from tempo.ir.ops import param_symbols, register, resolve_params
 from tempo.symbolic.expr import TRUE, Slice, Symbol, linear_form
@@ -351,8 +351,5 @@ def _renamed_needed(by_op: dict[int, isl.Set], island_of: dict[int, int],
         k = island_of.get(op_id)
         name = statement_name(op_id if k is None else fused_ops[k].id)
         pieces.append(isl.UnionSet.from_set(points.set_tuple_name(name)))
-    out = pieces[0]
-    for piece in pieces[1:]:
-        out = out.union(piece)
-    return out.coalesce()
+    return union_of(pieces).coalesce()
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import islpy as isl
 
 from tempo.errors import TempoError
-from tempo.symbolic.expr import Expr, Symbol
+from tempo.symbolic.expr import Expr, Symbol, from_data, to_data
 from tempo.symbolic.isl_bridge import from_isl_ast_expr
 
 
@@ -73,6 +74,50 @@ def from_isl(node: isl.AstNode, symbols: dict[str, Expr] | None = None) -> Node:
                      for k in range(1, call.get_op_n_arg()))
         return Stmt(name, args)
     raise TempoError(f"internal: unsupported isl AST node {kind}")
+
+
+def to_text(node: Node) -> str:
+    """``node`` as JSON text (``from_text`` reads it back)."""
+    return json.dumps(_data(node), separators=(",", ":"))
+
+
+def _data(node: Node) -> list:
+    if isinstance(node, Seq):
+        return ["seq", [_data(c) for c in node.body]]
+    if isinstance(node, Loop):
+        return ["loop", to_data(node.var), to_data(node.start), to_data(node.cond), node.step,
+                _data(node.body)]
+    if isinstance(node, If):
+        return ["if", to_data(node.cond), _data(node.then),
+                None if node.orelse is None else _data(node.orelse)]
+    return ["stmt", node.name, [to_data(e) for e in node.index]]
+
+
+def from_text(text: str, names: Collection[str]) -> Node:
+    """The AST ``to_text`` wrote as ``text``, its statements among ``names``; ``ValueError``
+    for anything else (the text is data: nothing in it is run as it is read, and what the
+    loop program built from it runs is ``names``' statements and our expressions)."""
+    try:
+        return _node(json.loads(text), names)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError) as err:
+        raise ValueError(f"not a loop program: {err}") from err
+
+
+def _node(data: list, names: Collection[str]) -> Node:
+    kind = data[0]
+    if kind == "seq" and len(data) == 2:
+        return Seq(tuple(_node(c, names) for c in data[1]))
+    if kind == "loop" and len(data) == 6 and type(data[4]) is int:
+        var = from_data(data[1])
+        if not isinstance(var, Symbol):
+            raise ValueError(f"a loop over {var}")
+        return Loop(var, from_data(data[2]), from_data(data[3]), data[4], _node(data[5], names))
+    if kind == "if" and len(data) == 4:
+        orelse = None if data[3] is None else _node(data[3], names)
+        return If(from_data(data[1]), _node(data[2], names), orelse)
+    if kind == "stmt" and len(data) == 3 and data[1] in names:
+        return Stmt(data[1], tuple(from_data(e) for e in data[2]))
+    raise ValueError(f"not a node: {str(data)[:80]}")
 
 
 def guarded_items(node: Node, guard: tuple = ()) -> list[tuple[Stmt | Loop, tuple[Expr, ...]]]:

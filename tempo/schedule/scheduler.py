@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from tempo import cache
-from tempo.analysis.polyhedral import ISL, Polyhedral, check_acyclic_points, needed_points
+from tempo.analysis.polyhedral import (
+    ISL,
+    Polyhedral,
+    check_acyclic_points,
+    needed_points,
+    union_of,
+    union_of_maps,
+)
 from tempo.errors import UnschedulableError
 from tempo.ir.graph import SDG, Edge, Op
 from tempo.schedule import ast
@@ -32,6 +39,8 @@ from tempo.symbolic.isl_bridge import from_isl_ast_expr
 ISLPY_VERSION = importlib.metadata.version("islpy")
 SCHEDULE_ENTRY = "isl-schedules"
 """The compile cache's kind of entry for isl's schedules (``tempo.cache``)."""
+AST_ENTRY = "loop-programs"
+"""The compile cache's kind of entry for loop programs generated from isl's schedules."""
 
 
 @dataclass(frozen=True)
@@ -111,12 +120,28 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     statements.update({_free_name(op, None): Statement("free", op) for op in poly.statements.values()
                        if not any(st.op is op for st, _ in frees.values())})
     times = poly.fix_params(_with_frees(theta, {name: last for name, (_, last) in frees.items()}))
-    build = isl.AstBuild.from_context(isl.Set("{ : }", context=ISL))
-    root = ast.from_isl(build.node_from_schedule(schedule_tree(times.domain(), times)), {})
+    root = _loop_program(times, statements)
     last_reads = {edge: _last_read_condition(poly, edge, live_reads[edge], theta, uses[_key(edge)],
                                              lasts[_key(edge)], poly_needed)
                   for edge in donors if _key(edge) in lasts}
     return Schedule(root, statements, schedule, last_reads=last_reads, from_cache=from_cache)
+
+
+def _loop_program(times: isl.UnionMap, statements: Collection[str]) -> ast.Node:
+    """The loop program that runs each statement instance at its time (``times``): from
+    the compile cache when an earlier run made it for the same times (isl's AST generation
+    and ours from it cost PPO a quarter of a second), else made and kept there."""
+    key = f"islpy {ISLPY_VERSION}\n{times}"
+    text = cache.load(AST_ENTRY, key)
+    if text is not None:
+        try:
+            return ast.from_text(text, statements)
+        except ValueError:
+            pass  # a damaged entry: made again and rewritten
+    build = isl.AstBuild.from_context(isl.Set("{ : }", context=ISL))
+    root = ast.from_isl(build.node_from_schedule(schedule_tree(times.domain(), times)), {})
+    cache.store(AST_ENTRY, key, ast.to_text(root))
+    return root
 
 
 def _key(edge: Edge) -> tuple[int, int]:
@@ -150,13 +175,11 @@ def _schedule(poly: Polyhedral, needed: isl.UnionSet,
     read it. Proximity: each sink point close to the latest point it reads (proximity to a
     whole window would keep isl from fusing a producer with its window readers), away from
     the bounds (see ``_steady``). Also whether it came from the compile cache."""
-    validity = proximity = poly.union_map("{ }")
-    for rel in reads.values():
-        if rel.is_empty():
-            continue
-        validity = validity.union(rel.reverse())
-        proximity = proximity.union(_steady(rel.lexmax()).reverse())
-    validity = validity.union(_sinks_before_stops(poly).intersect_domain(needed).intersect_range(needed))
+    live = [rel for rel in reads.values() if not rel.is_empty()]
+    none = poly.union_map("{ }")
+    stops = _sinks_before_stops(poly).intersect_domain(needed).intersect_range(needed)
+    validity = union_of_maps([none, *(rel.reverse() for rel in live), stops])
+    proximity = union_of_maps([none, *(_steady(rel.lexmax()).reverse() for rel in live)])
     try:
         sc = isl.ScheduleConstraints.on_domain(needed).set_context(poly.context()) \
             .set_validity(validity).set_proximity(proximity)
@@ -243,11 +266,10 @@ def _with_frees(theta: isl.UnionMap, lasts: dict[str, isl.UnionMap]) -> isl.Unio
     Times get a trailing 0 for executions and 1 for frees, so a free follows the statement
     it waits for.
     """
-    times = _append_dim(theta, 0)
-    for name, last in lasts.items():
-        free = isl.Map.from_union_map(last).set_tuple_name(isl.dim_type.in_, name)
-        times = times.union(_append_dim(isl.UnionMap.from_map(free), 1))
-    return times
+    frees = (isl.Map.from_union_map(last).set_tuple_name(isl.dim_type.in_, name)
+             for name, last in lasts.items())
+    return union_of_maps([_append_dim(theta, 0),
+                          *(_append_dim(isl.UnionMap.from_map(free), 1) for free in frees)])
 
 
 def _last_read_condition(poly: Polyhedral, edge: Edge, reads: isl.UnionMap, theta: isl.UnionMap,
@@ -286,14 +308,15 @@ def _condition(points: isl.UnionSet, context: isl.UnionSet, dims: tuple[Symbol, 
 
 
 def _append_dim(times: isl.UnionMap, value: int) -> isl.UnionMap:
-    out = None
     maps = times.get_map_list()
-    for k in range(maps.n_map()):
-        m = maps.get_at(k)
-        n = m.dim(isl.dim_type.out)
-        m = m.add_dims(isl.dim_type.out, 1).fix_val(isl.dim_type.out, n, isl.Val(value, context=ISL))
-        out = isl.UnionMap.from_map(m) if out is None else out.union(m)
+    out = union_of_maps(isl.UnionMap.from_map(_with_dim(maps.get_at(k), value)) for k in range(maps.n_map()))
     return out if out is not None else times
+
+
+def _with_dim(m: isl.Map, value: int) -> isl.Map:
+    """``m`` with one more output dim, fixed to ``value``."""
+    n = m.dim(isl.dim_type.out)
+    return m.add_dims(isl.dim_type.out, 1).fix_val(isl.dim_type.out, n, isl.Val(value, context=ISL))
 
 
 def _parametric_if_exact(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
@@ -315,7 +338,7 @@ def _bound_relative_boxes(poly: Polyhedral, concrete: isl.UnionSet) -> isl.Union
     parametric fixpoint walks one step per round (``s[I-1] <- s[I-2] <- ...``) would
     otherwise need isl's transitive closure, which is slow for large programs; only the
     concrete bounds are ever run."""
-    out = isl.UnionSet("{ }", context=ISL)
+    guesses = [isl.UnionSet("{ }", context=ISL)]
     for op in poly.graph.ops.values():
         points = concrete.intersect(poly.fix_params(poly.box(op)))
         if points.is_empty():
@@ -323,8 +346,8 @@ def _bound_relative_boxes(poly: Polyhedral, concrete: isl.UnionSet) -> isl.Union
         guess = _relative_guess(poly, op, points)
         if guess is None:
             return None
-        out = out.union(guess)
-    return out
+        guesses.append(guess)
+    return union_of(guesses)
 
 
 def _relative_guess(poly: Polyhedral, op: Op, points: isl.UnionSet) -> isl.UnionSet | None:

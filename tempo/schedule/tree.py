@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import islpy as isl
 
+from tempo.analysis.polyhedral import union_of_maps
 from tempo.schedule.bands import Interval, partition, values_of
 
 
@@ -92,7 +93,7 @@ def _between(interval: Interval, dim: int, ndims: int, ctx: isl.Context) -> isl.
 def _strip_mined(times: isl.UnionMap, interval: Interval, dim: int, ndims: int) -> isl.UnionMap:
     """``times`` with output ``dim`` (every value ``first + period * q + r``, ``r`` fixed
     per statement) replaced by ``q, r``."""
-    out = None
+    pieces = []
     maps = times.get_map_list()
     names = [f"x{k}" for k in range(ndims)]
     for k in range(maps.n_map()):
@@ -101,9 +102,8 @@ def _strip_mined(times: isl.UnionMap, interval: Interval, dim: int, ndims: int) 
         q = f"floor(({names[dim]} - {interval.first + r}) / {interval.period})"
         image = [*names[:dim], q, str(r), *names[dim + 1:]]
         split = isl.Map(f"{{ [{', '.join(names)}] -> [{', '.join(image)}] }}", context=m.get_ctx())
-        one = isl.UnionMap.from_map(m.apply_range(split))
-        out = one if out is None else out.union(one)
-    return out.detect_equalities()
+        pieces.append(isl.UnionMap.from_map(m.apply_range(split)))
+    return union_of_maps(pieces).detect_equalities()
 
 
 def _constant_groups(times: isl.UnionMap, dim: int) -> list[isl.UnionSet] | None:
@@ -127,13 +127,10 @@ def _constant_groups(times: isl.UnionMap, dim: int) -> list[isl.UnionSet] | None
 
 def _dim_schedule(times: isl.UnionMap, dim: int, ndims: int) -> isl.MultiUnionPwAff:
     """Output ``dim`` of ``times`` as a one-dimensional partial schedule."""
-    projected = None
     maps = times.get_map_list()
-    for k in range(maps.n_map()):
-        m = maps.get_at(k).project_out(isl.dim_type.out, dim + 1, ndims - dim - 1) \
-            .project_out(isl.dim_type.out, 0, dim)
-        um = isl.UnionMap.from_map(m)
-        projected = um if projected is None else projected.union(um)
+    projected = union_of_maps(
+        isl.UnionMap.from_map(maps.get_at(k).project_out(isl.dim_type.out, dim + 1, ndims - dim - 1)
+                              .project_out(isl.dim_type.out, 0, dim)) for k in range(maps.n_map()))
     return isl.MultiUnionPwAff.from_union_map(projected)
 
 
