@@ -34,36 +34,25 @@ def _updates():
     return ctx, out
 
 
-def _stopping():
-    """A chain that stops short of its op's box: ``y[u]`` reads ``y[u-1]`` from ``u = 5``
-    on only, and only ``y[U-1]`` is read, so ``y[0:4]`` are never needed."""
+def _chain(start: int, step: int, last: int):
+    """``y[u]`` reads ``y[u - step]`` from ``u = start`` on (a constant before), and the
+    output reads the ``last`` last points of ``y``."""
     ctx = tp.Context(dims=("u",))
     u, = ctx.dims
     U, = ctx.bounds
     with ctx:
         y = tp.placeholder(shape=(3,), dtype="float32", domain=(u,))
-        y[u < 5] = tp.const(np.ones(3, np.float32))
-        y[True] = y[u - 1] * 2.0
-        out = y[U - 1].sum()
-    return ctx, out
-
-
-def _strided():
-    """Two interleaved chains: ``z[u]`` reads ``z[u-2]``, from the last two points down."""
-    ctx = tp.Context(dims=("u",))
-    u, = ctx.dims
-    U, = ctx.bounds
-    with ctx:
-        z = tp.placeholder(shape=(2,), dtype="float32", domain=(u,))
-        z[u < 2] = tp.const(np.ones(2, np.float32))
-        z[True] = z[u - 2] + 1.0
-        out = z[U - 1].sum() + z[U - 2].sum()
+        y[u < start] = tp.const(np.ones(3, np.float32))
+        y[True] = y[u - step] * 0.5 + 1.0
+        out = sum((y[U - 1 - k].sum() for k in range(1, last)), y[U - 1].sum())
     return ctx, out
 
 
 PROGRAMS = {"updates": (_updates, lambda U: {"I": 3, "U": U}),
-            "stopping": (_stopping, lambda U: {"U": U}),
-            "strided": (_strided, lambda U: {"U": U})}
+            # stops short of its op's box: only y[U-1] is read, y[0:4] are never needed
+            "stopping": (lambda: _chain(5, 1, 1), lambda U: {"U": U}),
+            # two interleaved chains, from the last two points down
+            "strided": (lambda: _chain(2, 2, 2), lambda U: {"U": U})}
 
 
 def _setup(name: str, length: int, parametric: bool = False):
