@@ -90,12 +90,21 @@ def test_a_second_compile_reuses_the_loop_program(cache_dir, backend, monkeypatc
 def test_a_damaged_loop_program_is_made_again_and_rewritten(cache_dir):
     first = _compile_and_check("numpy")
     (entry,) = _entries(cache_dir, AST_ENTRY)
+    stmt = next(ast.statements(first.schedule.root)).name
     for damaged in ('["seq", [["stmt", "S1; import os", []]]]',  # not one of its statements
-                    '["seq", [["stmt", "S1", [["sym", "__import__(\'os\')", "loop"]]]]]',
+                    f'["seq", [["stmt", "{stmt}", [["sym", "__import__(\'os\')", "loop"]]]]]',
+                    f'["seq", [["stmt", "{stmt}", [["sym", "eval", "dim"]]]]]',  # a builtin read
+                    # a builtin bound: later ``min(...)`` would call ``eval``
+                    f'["loop", ["sym", "min", "loop"], ["const", 0], ["lt", ["sym", "min", "loop"], '
+                    f'["const", 1]], 1, ["stmt", "{stmt}", [["min", ["const", 1], ["const", 2]]]]]',
+                    f'["loop", ["sym", "c0", "loop"], ["const", 0], ["lt", ["sym", "c0", "loop"], '
+                    f'["const", 1]], 0, ["stmt", "{stmt}", []]]',  # a step of 0: no end
                     '["seq", [["loop", ["sym", "c0", "loop"], ["const", 0], ["exec", 1, 2], 1, '
                     '["seq", []]]]]',  # an operation of no expression
                     '["seq", [["stmt"',  # cut short
                     "not json"):
+        with pytest.raises(ValueError):
+            ast.from_text(damaged, first.schedule.statements)
         entry.write_text(damaged)
         again = _compile_and_check("numpy")
         assert again.schedule.root == first.schedule.root

@@ -8,6 +8,7 @@ from names.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -247,7 +248,8 @@ def needed_points(poly: Polyhedral, roots: list[Op], reads: dict[Edge, isl.Union
 def _close_recurrence(poly: Polyhedral, component: list[Op],
                       by_sink: dict[int, list[tuple[int, isl.UnionMap]]],
                       needed: dict[int, isl.UnionSet], max_rounds: int, closure: bool) -> bool:
-    """Grow ``needed`` inside one recurrence to its fixpoint (see ``needed_points``)."""
+    """Grow ``needed`` inside one recurrence to its fixpoint (see ``needed_points``): with
+    chains extrapolated and trimmed, else (the sweep or the trim did not end) plainly."""
     inside = {op.id for op in component}
     order = _consumers_first(component, by_sink)
     start = {k: needed[k] for k in order if k in needed}
@@ -308,14 +310,17 @@ class _Chains:
     it grew by, moved by a constant step ``v``, the step is taken to repeat: the points
     moved by ``2v``, ``3v``, ... that a read in the recurrence can reach are added at once.
 
-    That may overshoot where the chain ends (a branch that stops reading the previous
-    step). When the sweep ends, the points found hold every point the roots reach and are
-    closed under the reads; ``trim`` then keeps the points that are read by a point kept
-    (or are where the recurrence started), until nothing more goes. With the reads' point
-    dependences acyclic (a program's, or it could not be scheduled:
-    ``check_acyclic_points``), what is left is exactly the points the roots reach: a point
-    kept but not reached would be read only by such points, without end among finitely
-    many."""
+    The line stops before the first of its points that no read in the recurrence reaches,
+    but may still overshoot where the chain ends (a branch that stops reading the step
+    before). When the sweep ends, the points found hold every point the roots reach and
+    are closed under the reads; ``trim`` then keeps the points that are read by a point
+    kept (or are where the recurrence started), until nothing more goes. What is left is
+    exactly the points the roots reach where the points it overshot into have acyclic
+    dependences: a point kept but not reached would be read only by such points, without
+    end among finitely many. (Points that depend on themselves with no temporal distance,
+    ``a = b + 1; b = a + 1``, can never be ordered; reached this way they are kept, and the
+    program is rejected as unschedulable, ``check_acyclic_points``, though it never needs
+    them.)"""
 
     def __init__(self, poly: Polyhedral, component: list[Op],
                  by_sink: dict[int, list[tuple[int, isl.UnionMap]]]):
@@ -337,9 +342,13 @@ class _Chains:
         step = None if last is None else _step(last, new)
         if step is None:
             return new
-        ahead = new.apply(_ray(statement_name(k), step)).intersect(self.poly.box(self.ops[k]))
         readable = self._readable(k)
-        ahead = ahead.intersect(readable) if readable is not None else ahead.subtract(ahead)
+        if readable is None:
+            return new
+        ray = _ray(statement_name(k), step)
+        line = new.apply(ray).intersect(self.poly.box(self.ops[k]))
+        gaps = line.subtract(readable)  # the chain stops at the first point nothing reads
+        ahead = line.subtract(gaps).subtract(gaps.apply(ray))
         if known is not None:
             ahead = ahead.subtract(known)
         if ahead.is_empty():
@@ -357,35 +366,39 @@ class _Chains:
     def trim(self, needed: dict[int, isl.UnionSet], start: dict[int, isl.UnionSet],
              max_rounds: int) -> bool:
         """Drop the points that nothing kept reads (see the class), from the extended ops
-        on to the ops whose readers lost points; False if that takes over ``max_rounds``
-        rounds."""
+        on to the ops whose readers lost points. An overshot chain goes a step a round, and
+        a round looks at those ops only: with concrete bounds (finitely many points) until
+        nothing goes; with parametric ones, False after ``max_rounds`` rounds."""
         check = set(self.extended_ops)
-        for _ in range(max_rounds):
+        rounds = itertools.count() if not self.poly.parametric else range(max_rounds)
+        for _ in rounds:
             if not check:
                 return True
-            lost = set()
-            for k in check:
-                if k not in needed:
-                    continue
-                reached = union_of([*([start[k]] if k in start else []),
-                                    *(needed[sink].apply(rel) for sink, rel in self.readers[k]
-                                      if sink in needed)])
-                kept = needed[k] if reached is None else needed[k].intersect(reached)
-                if reached is None or not needed[k].is_subset(kept):
-                    lost.add(k)
-                    if reached is None or kept.is_empty():
-                        del needed[k]
-                    else:
-                        needed[k] = kept.coalesce()
+            lost = {k for k in check if k in needed and not self._kept_reached(k, needed, start)}
             check = {src for k in lost for src in self.sources[k]}
         return not check
+
+    def _kept_reached(self, k: int, needed: dict[int, isl.UnionSet], start: dict[int, isl.UnionSet]) -> bool:
+        """Keep only the points of op ``k`` where the recurrence started or that a needed
+        point reads; whether all of them were."""
+        reached = union_of([*([start[k]] if k in start else []),
+                            *(needed[sink].apply(rel) for sink, rel in self.readers[k] if sink in needed)])
+        if reached is not None and needed[k].is_subset(reached):
+            return True
+        kept = None if reached is None else needed[k].intersect(reached)
+        if kept is None or kept.is_empty():
+            del needed[k]
+        else:
+            needed[k] = kept.coalesce()
+        return False
 
 
 def _step(was: isl.UnionSet, now: isl.UnionSet) -> tuple[int, ...] | None:
     """The constant nonzero step that moves points ``was`` onto (a superset of) points
-    ``now``, one op's, if there is one: the step between their first points or between
-    their last ones (where the bounds are parameters, one of them may have several pieces,
-    and the moved points may hold for fewer of the bounds' values)."""
+    ``now`` (one op's: one space, of one or more pieces), if there is one: the step between
+    their first points or between their last ones (where the bounds are parameters, one of
+    them may have several pieces, and the moved points may hold for fewer of the bounds'
+    values)."""
     if was.n_set() != 1 or now.n_set() != 1:
         return None
     before, after = isl.Set.from_union_set(was), isl.Set.from_union_set(now)

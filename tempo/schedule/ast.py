@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
@@ -94,30 +95,41 @@ def _data(node: Node) -> list:
 
 
 def from_text(text: str, names: Collection[str]) -> Node:
-    """The AST ``to_text`` wrote as ``text``, its statements among ``names``; ``ValueError``
-    for anything else (the text is data: nothing in it is run as it is read, and what the
-    loop program built from it runs is ``names``' statements and our expressions)."""
+    """The AST ``to_text`` wrote as ``text`` for bounds that are numbers (isl's AST of a
+    schedule with no parameters), its statements among ``names``; ``ValueError`` for
+    anything else. The text is data: what the Python program made from the AST runs is
+    ``names``' statements, our operations, and loops over counters ``c0``, ``c1``, ... (as
+    isl names them: no other name, so no builtin or statement, can be bound or read)."""
     try:
-        return _node(json.loads(text), names)
+        return _node(json.loads(text), names, frozenset())
     except (ValueError, TypeError, KeyError, IndexError, RecursionError) as err:
         raise ValueError(f"not a loop program: {err}") from err
 
 
-def _node(data: list, names: Collection[str]) -> Node:
+def _node(data: list, names: Collection[str], counters: frozenset[Symbol]) -> Node:
+    """The node of ``data``, inside loops over ``counters``."""
     kind = data[0]
     if kind == "seq" and len(data) == 2:
-        return Seq(tuple(_node(c, names) for c in data[1]))
-    if kind == "loop" and len(data) == 6 and type(data[4]) is int:
-        var = from_data(data[1])
-        if not isinstance(var, Symbol):
-            raise ValueError(f"a loop over {var}")
-        return Loop(var, from_data(data[2]), from_data(data[3]), data[4], _node(data[5], names))
+        return Seq(tuple(_node(c, names, counters) for c in data[1]))
+    if kind == "loop" and len(data) == 6 and type(data[4]) is int and data[4] >= 1:
+        var = _counter(data[1], counters)
+        inside = counters | {var}
+        return Loop(var, from_data(data[2], counters), from_data(data[3], inside), data[4],
+                    _node(data[5], names, inside))
     if kind == "if" and len(data) == 4:
-        orelse = None if data[3] is None else _node(data[3], names)
-        return If(from_data(data[1]), _node(data[2], names), orelse)
+        orelse = None if data[3] is None else _node(data[3], names, counters)
+        return If(from_data(data[1], counters), _node(data[2], names, counters), orelse)
     if kind == "stmt" and len(data) == 3 and data[1] in names:
-        return Stmt(data[1], tuple(from_data(e) for e in data[2]))
+        return Stmt(data[1], tuple(from_data(e, counters) for e in data[2]))
     raise ValueError(f"not a node: {str(data)[:80]}")
+
+
+def _counter(data: list, counters: frozenset[Symbol]) -> Symbol:
+    """A new loop counter, named as isl names them (``c<k>``)."""
+    if not (len(data) == 3 and data[0] == "sym" and data[2] == "loop" and isinstance(data[1], str)
+            and re.fullmatch(r"c[0-9]+", data[1]) and Symbol(data[1], "loop") not in counters):
+        raise ValueError(f"not a loop counter: {data!r}")
+    return Symbol(data[1], "loop")
 
 
 def guarded_items(node: Node, guard: tuple = ()) -> list[tuple[Stmt | Loop, tuple[Expr, ...]]]:

@@ -7,10 +7,9 @@ truth value (used by dicts and ``in``) is structural identity.
 
 from __future__ import annotations
 
-import keyword
 import operator
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -355,26 +354,29 @@ _ARITY = {**{op: 2 for op in (*_ARITH, *_COMPARE, "and", "or", "min", "max")}, "
 def to_data(e: Expr) -> list:
     """``e`` as nested lists of strings, ints and bools (JSON's): ``["const", v]``,
     ``["sym", name, kind]`` or ``[op, operand, ...]``."""
-    if e.op in ("const", "sym"):
+    if e.op == "sym":
         return [e.op, *e.args]
+    if e.op == "const":
+        value = e.args[0]  # (a NumPy scalar as Python's)
+        return [e.op, value if type(value) in (int, bool) else value.item()]
     return [e.op, *(to_data(a) for a in e.args)]
 
 
-def from_data(data: Any) -> Expr:
+def from_data(data: Any, symbols: Collection[Symbol]) -> Expr:
     """The expression ``to_data`` gave ``data`` for, rebuilt as it was (no simplification);
-    ``ValueError`` for anything else: a symbol's name must be an identifier, a constant an
-    int or a bool, an operation one of ours with its operand count."""
+    ``ValueError`` for anything else: a symbol must be one of ``symbols``, a constant an int
+    or a bool, an operation one of ours with its operand count."""
     if not isinstance(data, list) or not data or not isinstance(data[0], str):
         raise ValueError(f"not an expression: {data!r}")
     op, *args = data
     if op == "const" and len(args) == 1 and type(args[0]) in (int, bool):
         return const(args[0])
     if op == "sym" and len(args) == 2 and all(isinstance(a, str) for a in args) \
-            and args[0].isidentifier() and not keyword.iskeyword(args[0]) and args[1].isidentifier():
-        return Symbol(args[0], args[1])
+            and Symbol(*args) in symbols:
+        return Symbol(*args)
     if _ARITY.get(op) != len(args):
         raise ValueError(f"not an expression: {data!r}")
-    return Expr(op, *(from_data(a) for a in args))
+    return Expr(op, *(from_data(a, symbols) for a in args))
 
 
 # ---- interpretation -----------------------------------------------------------------

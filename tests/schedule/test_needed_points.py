@@ -34,15 +34,17 @@ def _updates():
     return ctx, out
 
 
-def _chain(start: int, step: int, last: int):
-    """``y[u]`` reads ``y[u - step]`` from ``u = start`` on (a constant before), and the
-    output reads the ``last`` last points of ``y``."""
+def _chain(start: int, step: int, last: int, reset=None):
+    """``y[u]`` reads ``y[u - step]`` from ``u = start`` on (a constant before, and at
+    ``u = reset(U)``), and the output reads the ``last`` last points of ``y``."""
     ctx = tp.Context(dims=("u",))
     u, = ctx.dims
     U, = ctx.bounds
     with ctx:
         y = tp.placeholder(shape=(3,), dtype="float32", domain=(u,))
         y[u < start] = tp.const(np.ones(3, np.float32))
+        if reset is not None:
+            y[u == reset(U)] = tp.const(np.full(3, 2.0, np.float32))
         y[True] = y[u - step] * 0.5 + 1.0
         out = sum((y[U - 1 - k].sum() for k in range(1, last)), y[U - 1].sum())
     return ctx, out
@@ -52,7 +54,9 @@ PROGRAMS = {"updates": (_updates, lambda U: {"I": 3, "U": U}),
             # stops short of its op's box: only y[U-1] is read, y[0:4] are never needed
             "stopping": (lambda: _chain(5, 1, 1), lambda U: {"U": U}),
             # two interleaved chains, from the last two points down
-            "strided": (lambda: _chain(2, 2, 2), lambda U: {"U": U})}
+            "strided": (lambda: _chain(2, 2, 2), lambda U: {"U": U}),
+            # restarts at the last quarter: nothing before is needed
+            "restarted": (lambda: _chain(1, 1, 1, reset=lambda U: U - U // 4 - 1), lambda U: {"U": U})}
 
 
 def _setup(name: str, length: int, parametric: bool = False):
@@ -113,7 +117,25 @@ def test_a_chain_of_parametric_length_is_closed_without_isl_closure(name):
     parametric, _ = _setup(name, 40, parametric=True)
     got = needed_points(parametric, roots, parametric.all_reads(), closure=False)
     assert got is not None
-    assert parametric.fix_params(got).is_equal(needed_points(concrete, roots, concrete.all_reads()))
+    assert _points(parametric.fix_params(got)) == _reached_one_by_one(concrete, roots)
+
+
+def test_a_chain_overshot_far_past_its_restart_is_trimmed_without_the_plain_sweep(monkeypatch):
+    """The restart is 100 steps above the box's end, deeper than the 64 sweeps after which
+    the plain sweep would ask isl for the transitive closure."""
+    plain = []
+    sweep = polyhedral._sweep
+
+    def recorded(*args, **kwargs):
+        plain.append(len(args) < 7 and "chains" not in kwargs)
+        return sweep(*args, **kwargs)
+    monkeypatch.setattr(polyhedral, "_sweep", recorded)
+    poly, roots = _setup("restarted", 400)
+    needed = _points(needed_points(poly, roots, poly.all_reads(), closure=False))
+    assert needed == _reached_one_by_one(poly, roots)
+    merge, = (op for op in poly.graph.ops.values() if op.kind == "merge")
+    assert sorted(c for n, c in needed if n == poly.name(merge)) == [(u,) for u in range(299, 400)]
+    assert plain and not any(plain)
 
 
 @pytest.mark.parametrize("name", ["updates", "strided"])
@@ -132,3 +154,23 @@ def test_the_work_does_not_grow_with_the_chain(name, monkeypatch):
         poly, roots = _setup(name, length)
         needed_points(poly, roots, poly.all_reads(), closure=False)
     assert grows[1] <= grows[0] + 4, grows
+
+
+def test_trim_keeps_exactly_the_reached_points_of_any_overshoot():
+    """``_Chains.trim`` from the whole boxes of a chain restarted 100 steps below its
+    top (each round drops one step of each op, far more rounds than sweeps allowed)."""
+    poly, roots = _setup("restarted", 400)
+    reads = poly.all_reads()
+    exact = _reached_one_by_one(poly, roots)
+    merge, = (op for op in poly.graph.ops.values() if op.kind == "merge")
+    component = next(c for c in poly.graph.components_consumers_first() if merge in c)
+    by_sink = defaultdict(list)
+    for edge, rel in reads.items():
+        by_sink[edge.sink.id].append((edge.src.id, rel))
+    chains = polyhedral._Chains(poly, component, by_sink)
+    chains.extended_ops = {op.id for op in component}
+    needed = {op.id: poly.box(op) for op in component}
+    top = isl.UnionSet(f"{{ {poly.name(merge)}[399] }}", context=polyhedral.ISL)
+    assert chains.trim(needed, {merge.id: top}, max_rounds=64)
+    got = set().union(*(_points(points) for points in needed.values()))
+    assert got == {(name, c) for name, c in exact if name in {poly.name(op) for op in component}}
