@@ -12,7 +12,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import islpy as isl
 
@@ -57,6 +57,12 @@ def union_map(text: str) -> isl.UnionMap:
 # placeholder tuples, which are renamed (about 3 us against 120 for a parse). The passes
 # renumber ops, so without this most of a compile's relations were new texts (PPO: 2,134
 # parses of read relations, 0.24 s).
+_READ_TEXTS: dict[tuple, str] = {}
+READ_TEXTS_MAX = 16384
+"""Read relations' texts by what they are made from (``Polyhedral._reads``): the passes
+build the same relations again on new graphs (PPO: 4,000 in a compile, from about 1,500
+kinds), and making a text takes tens of microseconds of expression printing."""
+
 SINK, SOURCE, STATEMENT = "sink", "source", "statement"
 """Placeholder tuple names in the texts ``named_map`` and ``named_set`` parse."""
 
@@ -169,10 +175,28 @@ class Polyhedral:
                 f"{err.args[0]}", edge.sink.site) from None
 
     def _reads(self, edge: Edge, cond: Expr) -> isl.UnionMap:
+        full_cond = logical_and(edge.cond, cond)
+        key = (self._sizes, edge.sink.domain, edge.sink.when, edge.src.domain, edge.phi, full_cond)
+        text = _READ_TEXTS.get(key)
+        if text is None:
+            if len(_READ_TEXTS) >= READ_TEXTS_MAX:
+                _READ_TEXTS.clear()
+            text = _READ_TEXTS[key] = self._read_text(edge, full_cond)
+        return named_map(text, self.name(edge.sink), self.name(edge.src))
+
+    @cached_property
+    def _sizes(self) -> tuple:
+        """What a read relation's text takes from this view besides the edge: the bounds
+        (or that they are parameters) and which bound each dim has."""
+        return (self.parametric, tuple(sorted((b.name, v) for b, v in self.bounds.items())),
+                tuple(sorted((d.name, b.name) for d, b in self.bound_of.items())))
+
+    def _read_text(self, edge: Edge, full_cond: Expr) -> str:
+        """The text of ``edge``'s read relation where ``full_cond`` holds, with placeholder
+        tuples (``named_map``)."""
         sink_names = self._names(edge.sink, "a")
         src_vars = self._vars(edge.src, "b")
         constraints = self._box_text(edge.sink, "a")
-        full_cond = logical_and(edge.cond, cond)
         if full_cond is not TRUE:
             constraints.append(to_isl(full_cond, sink_names))
         for dim, entry in zip(edge.src.domain, edge.phi):
@@ -183,9 +207,8 @@ class Polyhedral:
             else:
                 constraints.append(f"{b} = {to_isl(entry, sink_names)}")
         sink_vars = ", ".join(self._vars(edge.sink, "a").values())
-        text = self._text(f"{{ {SINK}[{sink_vars}] -> {SOURCE}[{', '.join(src_vars.values())}] : "
+        return self._text(f"{{ {SINK}[{sink_vars}] -> {SOURCE}[{', '.join(src_vars.values())}] : "
                           f"{' and '.join(constraints) or 'true'} }}")
-        return named_map(text, self.name(edge.sink), self.name(edge.src))
 
     def at_point_of(self, before: Op, after: Op) -> isl.UnionMap:
         """``{ before[p] -> after[q] }`` where ``q`` is ``p`` on ``after``'s dims (each of

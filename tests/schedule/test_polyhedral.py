@@ -1,10 +1,24 @@
 """isl relations built from shared parses: renaming a parsed template's tuples gives what
-parsing the text with the statements' own names gives."""
+parsing the text with the statements' own names gives, and texts kept by what they are
+made of give the relations made anew."""
 
 import islpy as isl
+import numpy as np
 import pytest
 
-from tempo.analysis.polyhedral import ISL, SINK, SOURCE, STATEMENT, named_map, named_set, union_map, union_of
+import tempo as tp
+import tempo.analysis.polyhedral as polyhedral
+from tempo.analysis.polyhedral import (
+    ISL,
+    SINK,
+    SOURCE,
+    STATEMENT,
+    Polyhedral,
+    named_map,
+    named_set,
+    union_map,
+    union_of,
+)
 
 MAPS = [
     f"{{ {SINK}[a0, a1] -> {SOURCE}[b0, b1] : 0 <= a0 < 8 and 0 <= a1 < 64 and b0 = a0 and b1 = a1 - 1 "
@@ -62,3 +76,27 @@ def test_union_of_is_the_union_of_every_set():
         want = want.union(s)
     assert union_of(sets).is_equal(want)
     assert union_of([]) is None
+
+
+def test_read_relations_kept_by_what_they_are_made_of_are_those_made_anew(monkeypatch):
+    """``Polyhedral._reads`` keeps texts across views: at other bounds, or parametric,
+    each relation is the one made from scratch."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(np.arange(8, dtype=np.float32))[t]
+        s = tp.placeholder(shape=(), dtype="float32", domain=(t,))
+        s[0] = x[0]
+        s[t + 1] = s * 0.5 + x[t + 1]
+        g = x[t:T].sum()
+    del s, g
+    views = [Polyhedral(ctx.graph, {T: n}, ctx.bound_of) for n in (5, 7, 5)]
+    views.append(Polyhedral(ctx.graph, {T: 5}, ctx.bound_of, parametric=True))
+    kept = [view.all_reads() for view in views]
+    monkeypatch.setattr(polyhedral, "_READ_TEXTS", {})
+    for view, reads in zip(views, kept):
+        fresh = Polyhedral(view.graph, view.bounds, view.bound_of, view.parametric).all_reads()
+        monkeypatch.setattr(polyhedral, "_READ_TEXTS", {})
+        assert reads.keys() == fresh.keys()
+        assert all(reads[e].is_equal(fresh[e]) for e in reads)
+    assert any(not kept[0][e].is_equal(kept[1][e]) for e in kept[0])  # (the bounds matter)
