@@ -53,16 +53,16 @@ def union_map(text: str) -> isl.UnionMap:
     return isl.UnionMap(text, context=ISL)
 
 
+_READ_TEXTS: dict[tuple, str] = {}
+READ_TEXTS_MAX = 16384
+"""Read relations' texts by what they are made from (``Polyhedral._reads``): the passes
+build the same relations again on new graphs (PPO on gymnax: 3,993 in a compile, of 70
+texts), and making a text takes tens of microseconds of expression printing."""
+
 # Statements that read alike, or have the same box, share a parse: the text names
 # placeholder tuples, which are renamed (about 3 us against 120 for a parse). The passes
 # renumber ops, so without this most of a compile's relations were new texts (PPO: 2,134
 # parses of read relations, 0.24 s).
-_READ_TEXTS: dict[tuple, str] = {}
-READ_TEXTS_MAX = 16384
-"""Read relations' texts by what they are made from (``Polyhedral._reads``): the passes
-build the same relations again on new graphs (PPO: 4,000 in a compile, from about 1,500
-kinds), and making a text takes tens of microseconds of expression printing."""
-
 SINK, SOURCE, STATEMENT = "sink", "source", "statement"
 """Placeholder tuple names in the texts ``named_map`` and ``named_set`` parse."""
 
@@ -188,8 +188,8 @@ class Polyhedral:
     def _sizes(self) -> tuple:
         """What a read relation's text takes from this view besides the edge: the bounds
         (or that they are parameters) and which bound each dim has."""
-        return (self.parametric, tuple(sorted((b.name, v) for b, v in self.bounds.items())),
-                tuple(sorted((d.name, b.name) for d, b in self.bound_of.items())))
+        return (self.parametric, tuple(sorted(self.bounds.items(), key=lambda kv: kv[0].name)),
+                tuple(sorted(self.bound_of.items(), key=lambda kv: kv[0].name)))
 
     def _read_text(self, edge: Edge, full_cond: Expr) -> str:
         """The text of ``edge``'s read relation where ``full_cond`` holds, with placeholder
