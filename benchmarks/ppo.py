@@ -360,7 +360,7 @@ def time_to(args: argparse.Namespace) -> int:
              "tracing, compiling) to the end of the iteration that reached the target; process "
              "start-up and imports excluded for both. jax / tempo above 1x: Tempo got there first.",
              "tempo: the default config (backend auto: JAX on this machine); jax: "
-             "benchmarks/baselines/jax_ppo.py, one jax.jit per iteration."]
+             "benchmarks/baselines/jax_ppo.py, one jax.jit for the initialization and one per iteration."]
     table = render(title, headers, body, notes, False, text_columns=1)
     print(table)
     if args.markdown:

@@ -41,6 +41,9 @@ def run(cell: Cell) -> Measurement:
     """Compile and run all the cell's iterations in one ``train`` call."""
     from tempo_rl.train import train
 
+    if cell.impl == "gymnax":  # imported before the clock starts, as the JAX PPO's is
+        from tempo_rl.envs.gymnax_env import import_gymnax
+        import_gymnax()
     with tempfile.TemporaryDirectory(prefix="tempo-bench-") as out:
         start = time.perf_counter()
         result = train(config_for(cell), Path(out), progress=False)

@@ -23,11 +23,7 @@ class GymnaxEnv(JaxEnv):
     """``num_envs`` copies of gymnax env ``env_id`` (``"CartPole-v1"``), reset with ``seed``."""
 
     def __init__(self, env_id: str, num_envs: int = 8, seed: int = 0):
-        try:
-            with _plotting_deferred():
-                import gymnax
-        except ImportError as err:
-            raise ImportError("gymnax envs need gymnax: pip install -e .[jaxenvs]") from err
+        gymnax = import_gymnax()
         self.env_id = env_id
         self.env, self.params = gymnax.make(env_id)
         space = self.env.action_space(self.params)
@@ -46,6 +42,16 @@ class GymnaxEnv(JaxEnv):
         obs, state, reward, terminated, truncated, info = self.env.step(
             key, state, action.astype(jnp.int32), self.params)
         return obs, reward, terminated, truncated, info["final_observation"], state
+
+
+def import_gymnax() -> types.ModuleType:
+    """gymnax, imported with its plotting modules deferred (``DEFERRED``) the first time."""
+    try:
+        with _plotting_deferred():
+            import gymnax
+    except ImportError as err:
+        raise ImportError("gymnax envs need gymnax: pip install -e .[jaxenvs]") from err
+    return gymnax
 
 
 DEFERRED = ("seaborn", "matplotlib.pyplot")
