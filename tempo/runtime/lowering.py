@@ -756,12 +756,13 @@ class LoopLauncher:
         """Run one entry (or span) as its scan, and write back what it made. Returns the
         stacked outputs the loop's sinks read, with their stores, their copy to the host
         started (``_call_sinks``)."""
-        stacked = self._stacked_bytes(plan) / 2**20
-        if stacked > self.max_stacked_mb:
-            raise Unlowerable(f"its outputs stacked over the loop would hold {stacked:.0f} MiB, more than "
-                              f"LoopPolicy.max_stacked_mb={self.max_stacked_mb:g}")
         signature = plan.signature if span is None else (plan.signature, span.signature)
         fn = self.traced.get(signature)
+        if fn is None:  # (a traced plan's outputs fit: their size is part of its signature)
+            stacked = self._stacked_bytes(plan) / 2**20
+            if stacked > self.max_stacked_mb:
+                raise Unlowerable(f"its outputs stacked over the loop would hold {stacked:.0f} MiB, more "
+                                  f"than LoopPolicy.max_stacked_mb={self.max_stacked_mb:g}")
         args = plan.arguments
         if span is not None:
             args = (*args, span.buffers, span.rows, span.starts)

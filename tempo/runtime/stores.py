@@ -748,12 +748,7 @@ class BlockStore:
     def write_rows(self, points: list[tuple[int, ...]], values: Any, rows: list[int]) -> None:
         """Write row ``rows[n]`` of ``values`` at ``points[n]``, one copy per buffer."""
         values = self.buffers.incoming(values)
-        by_prefix: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
-        for point, row in zip(points, rows):
-            ks, taken = by_prefix.setdefault(point[:-1], ([], []))
-            ks.append(point[-1])
-            taken.append(row)
-        for prefix, (ks, taken) in by_prefix.items():
+        for prefix, (ks, taken) in _by_prefix(points, rows).items():
             if not self._adopted(prefix, values, ks, taken):
                 self.blocks[prefix] = self.buffers.set_rows(self._block(prefix, max(ks)), ks, values, taken)
             self.produced[prefix].update(ks)
@@ -901,15 +896,12 @@ class BlockStore:
 
     def free_many(self, points: list[tuple[int, ...]]) -> None:
         """``free`` at each of ``points``, one set difference per buffer."""
-        by_prefix: dict[tuple[int, ...], set[int]] = {}
-        for point in points:
-            by_prefix.setdefault(point[:-1], set()).add(point[-1])
-        for prefix, ks in by_prefix.items():
+        for prefix, (ks, _) in _by_prefix(points).items():
             live = self.live.get(prefix)
             if live is None:
                 continue
             before = len(live)
-            live -= ks
+            live.difference_update(ks)
             self.stats.live -= before - len(live)
             self._release_if_done(prefix)
 
@@ -1069,3 +1061,22 @@ class WindowStore(BlockStore):
         if prefix not in self.blocks:
             self.written.pop(prefix, None)
             self.capacity.pop(prefix, None)
+
+
+def _by_prefix(points: list[tuple[int, ...]], rows: list[int] | None = None
+               ) -> dict[tuple[int, ...], tuple[list[int], list[int] | None]]:
+    """Per prefix (all coordinates but the last) of ``points``, the last coordinates of its
+    points and their ``rows``, in order. Points of one prefix (a loop's entry writing one
+    buffer) take one pass over them instead of a dictionary update per point."""
+    if not points:
+        return {}
+    *columns, last = zip(*points)
+    if all(column.count(column[0]) == len(column) for column in columns):
+        return {points[0][:-1]: (list(last), rows)}
+    groups: dict[tuple[int, ...], tuple[list[int], list[int] | None]] = {}
+    for n, point in enumerate(points):
+        ks, taken = groups.setdefault(point[:-1], ([], None if rows is None else []))
+        ks.append(point[-1])
+        if taken is not None:
+            taken.append(rows[n])  # type: ignore[index]
+    return groups

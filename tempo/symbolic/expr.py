@@ -512,4 +512,7 @@ def compile_vectorized(exprs: Iterable[Expr], params: Iterable[Symbol],
 def _broadcast(values: tuple, shapes: tuple) -> tuple:
     distinct = {s for s in shapes if s}
     shape = distinct.pop() if len(distinct) == 1 else np.broadcast_shapes(*shapes)
-    return tuple(v if np.shape(v) == shape else np.broadcast_to(v, shape) for v in values)
+    # (``getattr``, not ``np.shape``: that converts a Python scalar to an array to ask;
+    # ``np.full`` makes a scalar's array in a third of ``np.broadcast_to``'s time)
+    return tuple(v if getattr(v, "shape", ()) == shape else np.full(shape, v) if getattr(v, "ndim", 0) == 0
+                 else np.broadcast_to(v, shape) for v in values)

@@ -337,6 +337,26 @@ def test_freeing_many_points_is_freeing_each(kind):
         assert many_stats.host.now == one_stats.host.now == 4 * 2 * 8
 
 
+def test_a_block_stores_rows_written_at_once_are_written_each():
+    """Rows of one stacked array written at points of several buffers, interleaved
+    (``BlockStore.write_rows``), hold what writing each point alone holds, with the same
+    live points."""
+    from tempo.runtime.stores import BlockStore, MemoryStats
+
+    stacked = np.arange(12.0).reshape(6, 2)
+    points = [(1, 0), (0, 2), (1, 1), (0, 0), (1, 3), (0, 1)]
+    rows = [5, 0, 3, 1, 2, 4]
+    at_once_stats, each_stats = MemoryStats(), MemoryStats()
+    at_once, each = BlockStore(at_once_stats, 4, (2,), "float64"), BlockStore(each_stats, 4, (2,), "float64")
+    at_once.write_rows(points, stacked, rows)
+    for point, row in zip(points, rows):
+        each.write(point, stacked[row])
+    for point, row in zip(points, rows):
+        np.testing.assert_array_equal(at_once.read(point), stacked[row])
+    assert at_once_stats == each_stats and at_once_stats.live == 6
+    assert sorted(at_once.live) == [(0,), (1,)] and at_once.live[(1,)] == {0, 1, 3}
+
+
 def test_a_block_stores_rows_stack_as_one_copy():
     """A lowered loop reading one value per iteration from a block store takes the rows
     of one buffer at once, as reading each point and stacking would; points of two
