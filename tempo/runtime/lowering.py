@@ -794,8 +794,12 @@ class LoopLauncher:
             span.written_back(plan, buffers)
         if self.wait_for_outputs or self.collective[signature]:
             self.backend.synchronize((last, outputs))
+        lasts: dict[int, tuple] = {}  # per op: its point at the last iteration (its outputs share it)
         for key in plan.finals:  # the one kept point, made at the last iteration
-            self.stores[key].write(plan.made[key].last, last[key])
+            point = lasts.get(key[0])
+            if point is None:
+                point = lasts[key[0]] = plan.made[key].last
+            self.stores[key].write(point, last[key])
         sparse = {key for key, _ in plan.sparse}
         read = []
         for key, values in zip(plan.exported, outputs):

@@ -87,7 +87,7 @@ class Made:
             return self.rows, self.points
         return [self.rows[n] for n in runs], tuples(tuple(c[runs] for c in self.coords), len(runs))
 
-    @property
+    @cached_property
     def last(self) -> tuple:
         """The point made at the last of its iterations (a final carry's one kept point)."""
         return tuple(int(c[-1]) for c in self.coords)
@@ -191,6 +191,11 @@ class Reads:
 
     def first(self) -> tuple:
         """The point read at the first of these iterations."""
+        return self.first_point
+
+    @cached_property
+    def first_point(self) -> tuple:
+        """``first()``, computed once (a template's reads are moved at every entry)."""
         return tuple(int(c[0]) for c in self.coords)
 
 
@@ -652,7 +657,8 @@ class LoopPlanner:
         """The frees of points made before the loop, done after it: per free of ``frees``
         (``_freed_after``), its op, outputs and points."""
         return [(self.items[n][1].op, self.freed_later[n],
-                 tuples(tuple(c[mask] for c in instances[n][1]), count)) for n, mask, count in frees]
+                 tuples(instances[n][1] if count == len(mask) else tuple(c[mask] for c in instances[n][1]), count))
+                for n, mask, count in frees]
 
     # ---- a template's plan -----------------------------------------------------------------
     def _reuse(self, template: _Template, groups: Instances, instances: Instances,
@@ -722,7 +728,7 @@ class LoopPlanner:
                         moved.append(None)
                         continue
                     if kind != "stacked":  # one stored value: only its first point is read
-                        moved.append(FirstRead(r.edge, tuple(int(c[0]) + d for c, d in zip(r.coords, shift))))
+                        moved.append(FirstRead(r.edge, tuple(a + d for a, d in zip(r.first_point, shift))))
                         continue
                     coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
                 else:
