@@ -656,8 +656,9 @@ class LoopPlanner:
                ) -> list[tuple[Op, tuple[int, ...], list[tuple]]]:
         """The frees of points made before the loop, done after it: per free of ``frees``
         (``_freed_after``), its op, outputs and points."""
-        return [(self.items[n][1].op, self.freed_later[n],
-                 tuples(instances[n][1] if count == len(mask) else tuple(c[mask] for c in instances[n][1]), count))
+        def points(coords: tuple[np.ndarray, ...], mask: np.ndarray, count: int) -> list[tuple]:
+            return tuples(coords if count == len(mask) else tuple(c[mask] for c in coords), count)
+        return [(self.items[n][1].op, self.freed_later[n], points(instances[n][1], mask, count))
                 for n, mask, count in frees]
 
     # ---- a template's plan -----------------------------------------------------------------
