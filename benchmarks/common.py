@@ -85,6 +85,9 @@ class Cell:
     """Tempo's optimization passes (None: all of them)."""
     label: str = ""
     tempo_cfg: dict[str, Any] = field(default_factory=dict, compare=False)
+    jax_cache_dir: str | None = None
+    """The JAX baseline's persistent compilation cache (``--baseline-cache``; None: none,
+    JAX's default)."""
 
     @property
     def total_iterations(self) -> int:

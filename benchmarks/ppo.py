@@ -273,6 +273,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-to", type=float, default=None, metavar="RETURN",
                    help="only measure the wall time to this mean return on gymnax CartPole (e.g. 475), "
                         "Tempo's default config against the JAX PPO, seeds 0-2")
+    p.add_argument("--baseline-cache", action="store_true",
+                   help="give the JAX baseline JAX's persistent compilation cache, as Tempo's runs have "
+                        "theirs (its own directory beside Tempo's cache; JAX's default is none), so that "
+                        "runs after the first compare warm with warm")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per cell (default 1200)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -303,6 +307,23 @@ def check(args: argparse.Namespace) -> int:
             print(f"  {system:12s} {cell.impl:10s} {verdict}", flush=True)
     print("check passed" if not failures else f"check FAILED for {failures} system(s)")
     return 1 if failures else 0
+
+
+def baseline_cache_dir() -> str | None:
+    """Where ``--baseline-cache`` keeps the JAX baseline's compiled programs: beside Tempo's
+    own (``tempo.cache``; none where Tempo's cache is off), apart from them, so that
+    neither system finds the other's programs."""
+    from tempo.cache import cache_dir
+    root = cache_dir()
+    return None if root is None else str(root / "jax-baseline")
+
+
+def with_baseline_cache(cell: Cell, on: bool) -> Cell:
+    """``cell``, whose JAX baseline keeps its compiled programs (``baseline_cache_dir``)
+    where ``on``."""
+    if not on or cell.system != "jax":
+        return cell
+    return dataclasses.replace(cell, jax_cache_dir=baseline_cache_dir())
 
 
 def default_gymnax_cell(system: str, seed: int) -> Cell:
@@ -339,7 +360,7 @@ def time_to(args: argparse.Namespace) -> int:
     body, reached = [], {}
     for seed in TIME_TO_SEEDS:
         for system in TIME_TO_SYSTEMS:
-            cell = default_gymnax_cell(system, seed)
+            cell = with_baseline_cache(default_gymnax_cell(system, seed), args.baseline_cache)
             print(f"... time to {args.time_to:g}: {system}, seed {seed}", file=sys.stderr, flush=True)
             out = run_worker(Path(__file__).resolve(), json.dumps(cell.to_json()), args.timeout, ROOT)
             if out.get("error"):
@@ -359,8 +380,12 @@ def time_to(args: argparse.Namespace) -> int:
     notes = ["s to target: from the start of the system's training function (env, parameters, "
              "tracing, compiling) to the end of the iteration that reached the target; process "
              "start-up and imports excluded for both. jax / tempo above 1x: Tempo got there first.",
-             "tempo: the default config (backend auto: JAX on this machine); jax: "
-             "benchmarks/baselines/jax_ppo.py, one jax.jit for the initialization and one per iteration."]
+             "tempo: the default config (backend auto: JAX on this machine; its compile cache on, "
+             "the default); jax: benchmarks/baselines/jax_ppo.py, one jitted program for the "
+             "initialization and one for an iteration, "
+             + ("with JAX's persistent compilation cache (--baseline-cache)." if args.baseline_cache
+                else "without JAX's persistent compilation cache (JAX's default; --baseline-cache "
+                     "gives it one).")]
     table = render(title, headers, body, notes, False, text_columns=1)
     print(table)
     if args.markdown:
@@ -427,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             rows: list[Row] = []
             for system in args.systems:
                 for cell in make_cells(system, env_name, config, iterations, args.warmup):
+                    cell = with_baseline_cache(cell, args.baseline_cache)
                     print(f"... {config} / {env_name}: {cell.label} [{cell.impl}]", file=sys.stderr,
                           flush=True)
                     rows.append(spawn(cell, args.timeout))

@@ -87,7 +87,7 @@ class Made:
             return self.rows, self.points
         return [self.rows[n] for n in runs], tuples(tuple(c[runs] for c in self.coords), len(runs))
 
-    @cached_property
+    @property
     def last(self) -> tuple:
         """The point made at the last of its iterations (a final carry's one kept point)."""
         return tuple(int(c[-1]) for c in self.coords)
@@ -656,9 +656,7 @@ class LoopPlanner:
                ) -> list[tuple[Op, tuple[int, ...], list[tuple]]]:
         """The frees of points made before the loop, done after it: per free of ``frees``
         (``_freed_after``), its op, outputs and points."""
-        def points(coords: tuple[np.ndarray, ...], mask: np.ndarray, count: int) -> list[tuple]:
-            return tuples(coords if count == len(mask) else tuple(c[mask] for c in coords), count)
-        return [(self.items[n][1].op, self.freed_later[n], points(instances[n][1], mask, count))
+        return [(self.items[n][1].op, self.freed_later[n], _masked_points(instances[n][1], mask, count))
                 for n, mask, count in frees]
 
     # ---- a template's plan -----------------------------------------------------------------
@@ -771,6 +769,11 @@ def _mixed(fits: np.ndarray) -> str:
     if ((fits & STORED) != 0).any():
         return "both from stores and from values the loop made since"
     return "both from this iteration's values and from earlier iterations'"
+
+
+def _masked_points(coords: tuple[np.ndarray, ...], mask: np.ndarray, count: int) -> list[tuple]:
+    """The points of ``coords`` where ``mask`` holds (``count`` of them), as tuples."""
+    return tuples(coords if count == len(mask) else tuple(c[mask] for c in coords), count)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

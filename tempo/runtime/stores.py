@@ -1066,13 +1066,15 @@ class WindowStore(BlockStore):
 def _by_prefix(points: list[tuple[int, ...]], rows: list[int] | None = None
                ) -> dict[tuple[int, ...], tuple[list[int], list[int] | None]]:
     """Per prefix (all coordinates but the last) of ``points``, the last coordinates of its
-    points and their ``rows``, in order. Points of one prefix (a loop's entry writing one
-    buffer) take one pass over them instead of a dictionary update per point."""
+    points and their ``rows``, in order (``rows`` itself where all share one prefix). Points
+    of one prefix (a loop's entry writing one buffer) take one pass over them instead of a
+    dictionary update per point."""
     if not points:
         return {}
-    *columns, last = zip(*points)
-    if all(column.count(column[0]) == len(column) for column in columns):
-        return {points[0][:-1]: (list(last), rows)}
+    if points[0][:-1] == points[-1][:-1]:
+        *columns, last = zip(*points)
+        if all(column.count(column[0]) == len(column) for column in columns):
+            return {points[0][:-1]: (list(last), rows)}
     groups: dict[tuple[int, ...], tuple[list[int], list[int] | None]] = {}
     for n, point in enumerate(points):
         ks, taken = groups.setdefault(point[:-1], ([], None if rows is None else []))

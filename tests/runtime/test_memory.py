@@ -357,6 +357,27 @@ def test_a_block_stores_rows_written_at_once_are_written_each():
     assert sorted(at_once.live) == [(0,), (1,)] and at_once.live[(1,)] == {0, 1, 3}
 
 
+def test_a_block_stores_points_of_one_buffer_freed_at_once_are_freed_each():
+    """A loop's frees of one buffer's points (one prefix, a point named twice), batched,
+    leave the store as one free per point does; the buffer goes once all its rows are."""
+    from tempo.runtime.stores import BlockStore, MemoryStats
+
+    stores = []
+    for _ in range(2):
+        stats = MemoryStats()
+        store = BlockStore(stats, 4, (2,), "float64")
+        store.write_rows([(3, k) for k in range(4)], np.arange(8.0).reshape(4, 2), list(range(4)))
+        stores.append((store, stats))
+    (one, one_stats), (many, many_stats) = stores
+    points = [(3, 2), (3, 0), (3, 2)]
+    for point in points:
+        one.free(point)
+    many.free_many(points)
+    assert many_stats == one_stats and many_stats.live == 2 and many.live[(3,)] == {1, 3}
+    many.free_many([(3, 1), (3, 3)])
+    assert many_stats.live == 0 and not many.blocks
+
+
 def test_a_block_stores_rows_stack_as_one_copy():
     """A lowered loop reading one value per iteration from a block store takes the rows
     of one buffer at once, as reading each point and stacking would; points of two

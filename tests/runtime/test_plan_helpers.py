@@ -1,0 +1,37 @@
+"""Small helpers of the loop planner and of vectorized index functions, against NumPy's
+own functions as the reference."""
+
+import numpy as np
+import pytest
+
+from tempo.runtime.plan import _same
+from tempo.symbolic.expr import _broadcast
+
+BASE = np.arange(12).reshape(3, 4)
+ARRAYS = [
+    np.arange(6), np.arange(6, dtype=np.int32), np.arange(6) + 1, np.arange(7), BASE[:, 1],
+    BASE.T[1].copy(), BASE[::2, ::2].ravel(), np.broadcast_to(np.int64(4), (6,)), np.full(6, 4),
+    np.array(3), np.array(3, np.int32), np.array([True, False]), np.array([1, 0]),
+    np.array([1.0, np.nan]), np.array([0.0, -0.0]), np.array([-0.0, 0.0]), 3, 3.0,
+]
+
+
+@pytest.mark.parametrize("a", range(len(ARRAYS)))
+def test_same_is_array_equal(a):
+    """``_same`` answers as ``np.array_equal`` for every pair: contiguous or not,
+    broadcast, other dtypes, 0-d, booleans, floats (NaN, signed zeros), Python scalars."""
+    for b in ARRAYS:
+        assert _same(ARRAYS[a], b) == np.array_equal(ARRAYS[a], b), (ARRAYS[a], b)
+
+
+@pytest.mark.parametrize("value", [7, True, 2.5, np.int32(3), np.bool_(False), np.array(5, np.int16)])
+@pytest.mark.parametrize("shape", [(4,), (2, 3), ()])
+def test_broadcast_gives_a_scalar_the_shape_and_dtype_numpy_gives_it(value, shape):
+    """A scalar broadcast with an array of ``shape`` has the values, shape and dtype of
+    ``np.broadcast_to``'s; an array of that shape comes back as it is."""
+    array = np.zeros(shape, np.int64)
+    spread, same = _broadcast((value, array), ((), shape))
+    expected = np.broadcast_to(value, shape)
+    assert same is array
+    assert np.shape(spread) == expected.shape and np.asarray(spread).dtype == expected.dtype
+    np.testing.assert_array_equal(spread, expected)
