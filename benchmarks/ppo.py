@@ -379,7 +379,8 @@ def time_to(args: argparse.Namespace) -> int:
              f"{cell.iterations} iterations at most")
     notes = ["s to target: from the start of the system's training function (env, parameters, "
              "tracing, compiling) to the end of the iteration that reached the target; process "
-             "start-up and imports excluded for both. jax / tempo above 1x: Tempo got there first.",
+             "start-up and the imports of JAX and gymnax excluded for both (Tempo's TensorBoard writer "
+             "still imports inside its clock). jax / tempo above 1x: Tempo got there first.",
              "tempo: the default config (backend auto: JAX on this machine; its compile cache on, "
              "the default); jax: benchmarks/baselines/jax_ppo.py, one jitted program for the "
              "initialization and one for an iteration, "
