@@ -275,8 +275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "Tempo's default config against the JAX PPO, seeds 0-2")
     p.add_argument("--baseline-cache", action="store_true",
                    help="give the JAX baseline JAX's persistent compilation cache, as Tempo's runs have "
-                        "theirs (its own directory beside Tempo's cache; JAX's default is none), so that "
-                        "runs after the first compare warm with warm")
+                        "theirs (jax-baseline/ in Tempo's cache directory; JAX's default is none), so "
+                        "that runs after the first compare warm with warm")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per cell (default 1200)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -310,12 +310,24 @@ def check(args: argparse.Namespace) -> int:
 
 
 def baseline_cache_dir() -> str | None:
-    """Where ``--baseline-cache`` keeps the JAX baseline's compiled programs: beside Tempo's
-    own (``tempo.cache``; none where Tempo's cache is off), apart from them, so that
-    neither system finds the other's programs."""
+    """Where ``--baseline-cache`` keeps the JAX baseline's compiled programs: in Tempo's
+    cache directory (``tempo.cache``; none where Tempo's cache is off), next to Tempo's own
+    (``jax/``), so that neither system finds the other's programs."""
     from tempo.cache import cache_dir
     root = cache_dir()
     return None if root is None else str(root / "jax-baseline")
+
+
+def baseline_cache_note(on: bool) -> str:
+    """What the tables' notes say about the two systems' compile caches."""
+    tempo = "Tempo's compile cache (isl's schedules, loop programs, XLA's programs) is on, as by default"
+    where = baseline_cache_dir()
+    if where is None:
+        return "caches: none for either system (TEMPO_CACHE_DIR=off)."
+    if on:
+        return f"caches: {tempo}; the JAX baseline keeps its XLA programs in {where} (--baseline-cache)."
+    return (f"caches: {tempo}; the JAX baseline has none, as JAX by default (--baseline-cache gives it "
+            "one): a second run compares a warm Tempo with a cold baseline.")
 
 
 def with_baseline_cache(cell: Cell, on: bool) -> Cell:
@@ -381,12 +393,9 @@ def time_to(args: argparse.Namespace) -> int:
              "tracing, compiling) to the end of the iteration that reached the target; process "
              "start-up and the imports of JAX and gymnax excluded for both (Tempo's TensorBoard writer "
              "still imports inside its clock). jax / tempo above 1x: Tempo got there first.",
-             "tempo: the default config (backend auto: JAX on this machine; its compile cache on, "
-             "the default); jax: benchmarks/baselines/jax_ppo.py, one jitted program for the "
-             "initialization and one for an iteration, "
-             + ("with JAX's persistent compilation cache (--baseline-cache)." if args.baseline_cache
-                else "without JAX's persistent compilation cache (JAX's default; --baseline-cache "
-                     "gives it one).")]
+             "tempo: the default config (backend auto: JAX on this machine); jax: "
+             "benchmarks/baselines/jax_ppo.py, one jitted program for the initialization and one for "
+             "an iteration.", baseline_cache_note(args.baseline_cache)]
     table = render(title, headers, body, notes, False, text_columns=1)
     print(table)
     if args.markdown:
@@ -465,8 +474,9 @@ def main(argv: list[str] | None = None) -> int:
                 emit(ablation_table(env_name, config, ablation, False),
                      ablation_table(env_name, config, ablation, True))
     total = time.perf_counter() - started
-    emit("\n".join(FOOTNOTES) + f"\ntotal wall time: {total:.0f} s\n",
-         "\n".join(f"- {n}" for n in FOOTNOTES) + f"\n\nTotal wall time: {total:.0f} s\n")
+    notes = [*FOOTNOTES, baseline_cache_note(args.baseline_cache)]
+    emit("\n".join(notes) + f"\ntotal wall time: {total:.0f} s\n",
+         "\n".join(f"- {n}" for n in notes) + f"\n\nTotal wall time: {total:.0f} s\n")
     if args.markdown:
         args.markdown.write_text("\n".join(md))
         print(f"wrote {args.markdown}")

@@ -194,6 +194,23 @@ def make_iteration(hp: PPOSettings, spec: EnvSettings, env: JaxEnv,
     return iteration
 
 
+CACHE_MAX_BYTES = 2 << 30
+"""The JAX cache's size limit, Tempo's (``tempo.cache.JAX_CACHE_MAX_BYTES``): with a limit
+JAX evicts the least recently used programs, and reads and writes entries as Tempo's do."""
+
+
+def keep_compiled_programs(directory: str) -> None:
+    """JAX's persistent compilation cache in ``directory``, set as Tempo sets its own
+    (``tempo.cache.enable_jax_cache``): every program kept, however fast it compiled."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+    compilation_cache.reset_cache()  # (JAX decides at its first compile whether a cache is on)
+
+
 def run(cell: Cell) -> Measurement:
     """Initialize and AOT-compile the iteration, then run ``cell.total_iterations`` of
     them; time each one. The setup (``Measurement.setup_s``) starts after the imports, as
@@ -203,10 +220,8 @@ def run(cell: Cell) -> Measurement:
     compiled programs are kept in JAX's persistent cache there (``--baseline-cache``)."""
     if cell.impl == "gymnax":
         import gymnax  # noqa: F401
-    if cell.jax_cache_dir is not None:  # every program kept, as Tempo keeps its own
-        jax.config.update("jax_compilation_cache_dir", cell.jax_cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    if cell.jax_cache_dir is not None:
+        keep_compiled_programs(cell.jax_cache_dir)
     began = time.perf_counter()
     hp, spec = cell.ppo, cell.env
     if cell.impl == "synthetic":

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tempo.runtime.plan import _same
+from tempo.runtime.stores import _by_prefix
 from tempo.symbolic.expr import _broadcast
 
 BASE = np.arange(12).reshape(3, 4)
@@ -13,6 +14,7 @@ ARRAYS = [
     BASE.T[1].copy(), BASE[::2, ::2].ravel(), np.broadcast_to(np.int64(4), (6,)), np.full(6, 4),
     np.array(3), np.array(3, np.int32), np.array([True, False]), np.array([1, 0]),
     np.array([1.0, np.nan]), np.array([0.0, -0.0]), np.array([-0.0, 0.0]), 3, 3.0,
+    np.arange(6).reshape(2, 3), np.array([3]),
 ]
 
 
@@ -35,3 +37,31 @@ def test_broadcast_gives_a_scalar_the_shape_and_dtype_numpy_gives_it(value, shap
     assert same is array
     assert np.shape(spread) == expected.shape and np.asarray(spread).dtype == expected.dtype
     np.testing.assert_array_equal(spread, expected)
+
+
+def test_broadcast_spreads_arrays_of_other_shapes_as_numpy_does():
+    """Values of different shapes come out with the shape ``np.broadcast_shapes`` gives
+    and ``np.broadcast_to``'s values."""
+    row, column = np.arange(3).reshape(1, 3), np.arange(2).reshape(2, 1)
+    out = _broadcast((row, column, 4), ((1, 3), (2, 1), ()))
+    for got, value in zip(out, (row, column, 4)):
+        np.testing.assert_array_equal(got, np.broadcast_to(value, (2, 3)))
+
+
+@pytest.mark.parametrize("points", [
+    [(3, 0), (3, 1), (3, 5)], [(3, 0), (4, 1), (3, 2)], [(1, 2, 0), (1, 2, 4), (1, 3, 1), (1, 2, 4)],
+    [(0,), (5,), (2,)], [], [(7, 7)],
+])
+def test_by_prefix_groups_as_a_dictionary_does(points):
+    """``_by_prefix`` groups points by all coordinates but the last, in order, with their
+    rows, as a plain per-point dictionary grouping does (the first and last points sharing
+    a prefix that a middle one does not included)."""
+    rows = [10 + n for n in range(len(points))]
+    expected: dict = {}
+    for point, row in zip(points, rows):
+        ks, taken = expected.setdefault(point[:-1], ([], []))
+        ks.append(point[-1])
+        taken.append(row)
+    assert _by_prefix(points, rows) == expected
+    assert {prefix: ks for prefix, (ks, _) in _by_prefix(points).items()} == \
+        {prefix: ks for prefix, (ks, _) in expected.items()}
