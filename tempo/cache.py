@@ -13,11 +13,12 @@ process. XLA's part is kept under 2 GiB (least recently used programs go first);
 schedules are small text files (a few KB to tens of KB each) and are never evicted:
 delete the directory to clear the cache. A schedule entry is isl text, parsed by isl; a
 loop program is JSON, read as data (statements it names must be the program's, its
-expressions ours, its names isl's loop counters: ``tempo.schedule.ast.from_text``); neither
-is executed, and a damaged or unreadable entry is recomputed and rewritten. Entries are written atomically (a
-temporary file renamed into place), so concurrent runs may share the directory. JAX's
-entries are executables: like JAX's own cache, the directory must be writable by you
-alone (JAX's documentation: a compilation cache is trusted code).
+expressions ours, its names isl's loop counters: ``tempo.schedule.ast.from_text``);
+neither is executed, and a damaged or unreadable entry is recomputed and rewritten.
+Entries are written atomically (a temporary file renamed into place), so concurrent runs
+may share the directory. JAX's entries are executables: like JAX's own cache, the
+directory must be writable by you alone (JAX's documentation: a compilation cache is
+trusted code).
 """
 
 from __future__ import annotations
