@@ -167,12 +167,11 @@ class _Job:
         """Optimize with ``passes`` (all when None), schedule and prepare the program;
         ``bounded``: for a schedule that keeps memory bounded (``PassState.bounded``)."""
         ctx, runtime, policy, stage = self.ctx, self.runtime, self.policy, self.stage
-        for enabled in _pipelines_to_try(passes):
+        for enabled, siblings in _pipelines_to_try(passes):
             state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
                               next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel, tile=self.tile,
                               shapes_compiled=runtime.name == "jax", accelerator=not runtime.on_cpu,
-                              bounded=bounded,
-                              sharded=self.sharded)
+                              bounded=bounded, sharded=self.sharded, siblings=siblings)
             optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
             _check_split(optimized, self.sharded, state.notes)
             renamed = state.renamed if enabled else {}
@@ -193,11 +192,13 @@ class _Job:
             except UnschedulableError as err:
                 if not enabled:
                     raise
-                # The passes keep dependences acyclic by construction; should a program defeat
-                # them, it is scheduled without vectorization (the pass that changes the most),
-                # and failing that unoptimized, which is still correct.
-                report.notes.append(f"passes undone ({', '.join(enabled)}), the optimized program "
-                                    f"had no schedule: {err}")
+                # The passes keep dependences acyclic by construction but for joined siblings
+                # (tempo.passes.fusion), which the program is scheduled without first; should
+                # it defeat them, it is scheduled without vectorization (the pass that changes
+                # the most), and failing that unoptimized, which is still correct.
+                undone = "siblings joined by fusion undone" if siblings else \
+                    f"passes undone ({', '.join(enabled)})"
+                report.notes.append(f"{undone}, the optimized program had no schedule: {err}")
         stage("schedule")
         exe = Executable(ctx, optimized, self.bounds, self.outputs, schedule, runtime, policy, self.loops,
                          renamed)
@@ -284,15 +285,18 @@ def _donation_note(schedule: Schedule) -> str:
             f"({always} at every point)")
 
 
-def _pipelines_to_try(passes: Collection[str] | None) -> list[list[str]]:
-    """The passes to compile with, then (should the program not schedule) the same without
-    vectorization, then none."""
+def _pipelines_to_try(passes: Collection[str] | None) -> list[tuple[list[str], bool]]:
+    """The passes to compile with, each with whether fusion joins siblings: all of them,
+    then (should the program not schedule) the same with fusion joining no siblings, then
+    without vectorization, then none."""
     enabled = [name for name, _ in PIPELINE] if passes is None else list(passes)
-    attempts = [enabled]
+    attempts = [(enabled, True)]
+    if "fusion" in enabled:
+        attempts.append((enabled, False))
     without = [name for name in enabled if name != "vectorize"]
     if without != enabled and without:
-        attempts.append(without)
-    return [*attempts, []] if enabled else [[]]
+        attempts.append((without, False))
+    return [*attempts, ([], False)] if enabled else [([], False)]
 
 
 def _placement(ctx: Context, bounds: dict[Symbol, int], distribution: Distribution | None

@@ -58,6 +58,9 @@ class PassState:
     accelerator: bool = False
     """The backend runs on an accelerator: host work on a device value waits for it
     (``tempo.passes.tile`` pads the slices of values laid out along a dim there)."""
+    siblings: bool = True
+    """Fusion joins sibling islands (``tempo.passes.fusion``); off where that left the
+    program without a schedule."""
     renamed: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     """Where the values of ``keep`` ops went when fusion took them: ``(op, out) -> (fused
     op, out)``."""
@@ -68,7 +71,7 @@ Pass = Callable[[SDG, PassState], SDG]
 
 def fusion(graph: SDG, state: PassState) -> SDG:
     """Pointwise islands become single ops (``tempo.passes.fusion``)."""
-    result = fuse_pointwise(graph, state.needed, state.bounds, state.keep, state.next_id)
+    result = fuse_pointwise(graph, state.needed, state.bounds, state.keep, state.next_id, state.siblings)
     state.needed = result.needed
     state.renamed = result.renamed
     state.next_id += result.islands

@@ -71,13 +71,14 @@ class FusionResult:
 
 
 def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
-                   keep: set[int], first_id: int) -> FusionResult:
+                   keep: set[int], first_id: int, siblings: bool = True) -> FusionResult:
     """``graph`` with its pointwise islands fused, and the needed points of the new graph.
 
     ``needed`` are the unfused graph's needed points (``statement_name``); ops in
     ``keep`` (outputs, whose stores are read at the end) may join an island, whose fused
     op then exports their values (``FusionResult.renamed``); fused ops get ids from
-    ``first_id`` on.
+    ``first_id`` on. ``siblings``: islands at the same points that read a common producer
+    are joined too (``_merge_siblings``).
     """
     by_op = {k: points.reset_tuple_id() for k, points in needed_by_op(needed, graph.ops).items()}
     order = _topological_order(graph)
@@ -91,6 +92,8 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
             if _same_point(edge) and edge.src.id in eligible and op.id in eligible \
                     and by_op[edge.src.id].is_equal(by_op[op.id]):
                 islands.merge_if_acyclic(edge.src.id, op.id)
+    if siblings:
+        _merge_siblings(islands, graph, order, eligible, by_op)
     groups = [g for g in islands.groups() if len(g) > 1 or (
         g[0] in eligible and any(_is_constant(e.src) for e in graph.in_edges(graph.ops[g[0]])))]
     if not groups:
@@ -99,6 +102,38 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
     renamed = {(op_id, k): exports[(op_id, k)] for op_id in keep if op_id in graph.ops
                for k in range(len(graph.ops[op_id].outputs)) if (op_id, k) in exports}
     return FusionResult(fused, new_needed, len(groups), sum(len(g) for g in groups), renamed)
+
+
+def _merge_siblings(islands: _Islands, graph: SDG, order: list[Op], eligible: set[int],
+                    by_op: dict[int, isl.Set]) -> None:
+    """Sibling islands joined: islands that run at the same points and read a common
+    producer (``obs[i, 0:T]`` read by a value head and by a statistic) become one, where
+    the graph of islands stays acyclic. Unconnected, they would each be a kernel of their
+    own: on JAX an XLA program to compile and dispatch per island (PPO's iteration ran
+    16 kernels between its scans, 6 with siblings joined). Islands that read their own
+    points (recurrences, block kernels' ``k[0:t]``) or padded tiles stay as they are: a
+    loop lowers them by what they read (``tempo.runtime.lowering``).
+
+    The graph of islands leaves out the reads that close recurrences, which cannot make a
+    point wait for itself within a chain of same-point reads (vertical fusion's), but can
+    where a sibling reads a whole rollout: a recurrence's step and a backward pass over
+    its rollout, joined, wait for the recurrence's later points. Such a program has no
+    schedule, and the compiler schedules it again without joined siblings
+    (``PassState.siblings``); telling the two apart here would need the points."""
+    readers: dict[int, dict[int, int]] = {}  # producer island -> one op per reader island
+    for op in order:
+        own = islands.find(op.id)
+        if op.id in eligible:
+            for edge in graph.in_edges(op):
+                src = islands.find(edge.src.id)
+                if src != own and not _is_constant(edge.src):
+                    readers.setdefault(src, {}).setdefault(own, op.id)
+    for by_island in readers.values():
+        ops = list(by_island.values())
+        for a, b in zip(ops, ops[1:]):
+            if graph.ops[a].domain == graph.ops[b].domain and by_op[a].is_equal(by_op[b]) \
+                    and islands.plain(a, eligible) and islands.plain(b, eligible):
+                islands.merge_if_acyclic(a, b)
 
 
 # ---- which ops and edges ------------------------------------------------------------------
@@ -220,6 +255,14 @@ class _Islands:
                 self.succ[other].add(ra)
         self.succ[ra].discard(ra)
         self.pred[ra].discard(ra)
+
+    def plain(self, op_id: int, eligible: set[int]) -> bool:
+        """The island of ``op_id`` holds eligible ops only, reads no padded tiles, and
+        reads none of its own points but the point itself."""
+        members = set(self.members[self.find(op_id)])
+        return all(m in eligible for m in members) and not any(
+            edge.tiled or edge.src.id in members and not _same_point(edge)
+            for m in members for edge in self.graph.inputs[m])
 
     def _reads_between_ok(self, a: int, b: int) -> bool:
         """Every read between the two islands is of the same point or an earlier one (a

@@ -204,7 +204,8 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
 
     def visit(node: ast.Node, outer: tuple[Symbol, ...]) -> ast.Node:
         if isinstance(node, ast.Seq):
-            return ast.Seq(tuple(visit(c, outer) for c in _with_peeled_iterations(node.body, lowerable)))
+            return ast.Seq(tuple(visit(c, outer)
+                              for c in _with_peeled_iterations(_flat(node.body), lowerable, statements)))
         if isinstance(node, ast.If):
             orelse = visit(node.orelse, outer) if node.orelse is not None else None
             return ast.If(node.cond, visit(node.then, outer), orelse)
@@ -224,35 +225,71 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
     return visit(root, ()), found
 
 
-def _with_peeled_iterations(body: tuple[ast.Node, ...],
-                            lowerable: Callable[[ast.Loop], bool]) -> list[ast.Node]:
+def _flat(body: tuple[ast.Node, ...]) -> tuple[ast.Node, ...]:
+    """``body`` with the sequences nested in it spliced in (isl's AST nests them), so that
+    a loop's peeled statements, in a sequence of their own, stand next to it."""
+    return tuple(item for node in body
+                 for item in (_flat(node.body) if isinstance(node, ast.Seq) else (node,)))
+
+
+def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast.Loop], bool],
+                            statements: dict[str, Statement] | None = None) -> list[ast.Node]:
     """``body`` with each lowerable innermost loop given back the iterations isl peeled
     off it into the statements around it (``nest.with_peeled_iterations``: a recurrence's
     first step, an update loop's last), where the loop stays lowerable with them: the
     peeled statements then run inside the loop's scan instead of as kernels of their own,
-    each compiled a second time outside the scan (PPO's acting step and its update)."""
+    each compiled a second time outside the scan (PPO's acting step and its update).
+    Guarded frees among the statements before the loop (a value's last point freed at
+    the last outer iteration) move after the loop and the statements after it, where
+    none of those computes the freed op (``statements`` given): a free may run later."""
     out = list(body)
     k = 0
     while k < len(out):
         loop = out[k]
         if isinstance(loop, ast.Loop) and nest.is_nest(loop) and nest.depth(loop) == 1 and lowerable(loop):
-            start, stop = k, k + 1
-            while start and isinstance(out[start - 1], ast.Stmt):
-                start -= 1
+            stop = k + 1
             while stop < len(out) and isinstance(out[stop], ast.Stmt):
                 stop += 1
-            before, after = out[start:k], out[k + 1:stop]
+            start = _run_before(out, k, stop, statements)
+            before = [node for node in out[start:k] if isinstance(node, ast.Stmt)]
+            deferred = [node for node in out[start:k] if not isinstance(node, ast.Stmt)]
+            after = out[k + 1:stop]
             for take_before, take_after in ((True, True), (True, False), (False, True)):
                 kept_before, unpeeled, kept_after = nest.with_peeled_iterations(
                     before if take_before else [], loop, after if take_after else [])
                 if unpeeled is not loop and lowerable(unpeeled):
                     kept_before = kept_before if take_before else before
                     kept_after = kept_after if take_after else after
-                    out[start:stop] = [*kept_before, unpeeled, *kept_after]
+                    out[start:stop] = [*kept_before, unpeeled, *kept_after, *deferred]
                     k = start + len(kept_before)
                     break
         k += 1
     return out
+
+
+def _run_before(out: list[ast.Node], k: int, stop: int, statements: dict[str, Statement] | None) -> int:
+    """Where the statements just before the loop ``out[k]`` begin: plain statements, and
+    guarded frees that may move after ``out[k:stop]`` (none of the statements they would
+    pass computes the op they free)."""
+    computed = {statements[s.name].op.id for node in out[k:stop] for s in ast.statements(node)
+                if statements[s.name].kind == "exec"} if statements is not None else set()
+    start = k
+    while start:
+        node = out[start - 1]
+        if isinstance(node, ast.Stmt):
+            if statements is not None and statements[node.name].kind == "exec":
+                computed.add(statements[node.name].op.id)
+        elif not (statements is not None and isinstance(node, ast.If) and node.orelse is None
+                  and _frees_only(node, statements, computed)):
+            break
+        start -= 1
+    return start
+
+
+def _frees_only(node: ast.If, statements: dict[str, Statement], computed: set[int]) -> bool:
+    items = ast.guarded_items(node.then)
+    return all(isinstance(item, ast.Stmt) and statements[item.name].kind == "free"
+               and statements[item.name].op.id not in computed for item, _ in items)
 
 
 def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,

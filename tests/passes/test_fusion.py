@@ -8,6 +8,7 @@ import pytest
 
 import tempo as tp
 from tempo.api import nn, optim
+from tempo.passes import PIPELINE
 from tempo.reference import evaluate
 
 RNG = np.random.default_rng(0)
@@ -137,3 +138,86 @@ def test_outputs_join_the_fused_op_that_computes_them(backend):
              for k in st.freed}
     assert not stored & freed  # the outputs' points stay to the end
     assert any(key[0] in {op.id for op in fused} for key in freed)  # y's are freed
+
+
+ROLLOUTS = RNG.normal(size=(3, 5)).astype(np.float32)
+
+
+def _recurrence():
+    """Over (i, t): ``s[i, t+1] = tanh(s * 0.5 + x[i, t+1])``, restarted every ``i``: a
+    value whose rollout ``s[i, 0:T]`` only statistics at ``i`` can read."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(ROLLOUTS)[i, t]
+        s = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
+        s[i, 0] = x[i, 0]
+        s[i, t + 1] = (s * 0.5 + x[i, t + 1]).tanh()
+    return ctx, i, I, T, s
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_siblings_at_the_same_points_share_one_kernel(backend):
+    """Two statistics of the same rollout ``s[i, 0:T]`` (a value head and a maximum, say)
+    run at the same points and read a common producer: one fused op computes both, and a
+    third at other points (only at the last ``i``) stays apart."""
+    ctx, i, I, T, s = _recurrence()
+    with ctx:
+        mean = s[i, 0:T].mean(0) * 2.0
+        peak = s[i, 0:T].max(0) + 1.0
+        last = tp.placeholder(shape=(), dtype="float32", domain=(i,))
+        last[i == I - 1] = s[i, 0:T].min(0) - 1.0
+        last[True] = mean * 0.0
+    bounds = {I: 3, T: 5}
+    exe = ctx.compile(bounds, [mean, peak, last], backend=backend)
+    assert exe.stored[mean.key][0] == exe.stored[peak.key][0]
+    got, ref = exe.run(), evaluate(ctx, bounds, [mean, peak, last])
+    for rt in (mean, peak, last):
+        np.testing.assert_allclose(got[rt], ref[rt.key], rtol=1e-5, atol=1e-6)
+
+
+def test_siblings_linked_through_another_op_stay_apart():
+    """``a`` and ``b`` both read ``s[i, 0:T]``, but ``b`` also reads ``c``, which reads
+    ``a``: one op for both would wait for itself. They stay two ops and compute what the
+    reference evaluator computes."""
+    ctx, i, I, T, s = _recurrence()
+    with ctx:
+        a = s[i, 0:T].sum(0) * 2.0
+        c = s * a
+        b = s[i, 0:T].max(0) + c[i, 0:T].sum(0)
+    bounds = {I: 3, T: 5}
+    unvectorized = [name for name, _ in PIPELINE if name != "vectorize"]
+    exe = ctx.compile(bounds, [a, b], backend="numpy", passes=unvectorized)
+    assert not any("undone" in n for n in exe.report.notes)
+    assert exe.stored[a.key][0] != exe.stored[b.key][0]
+    got, ref = exe.run(), evaluate(ctx, bounds, [a, b])
+    for rt in (a, b):
+        np.testing.assert_allclose(got[rt], ref[rt.key], rtol=1e-5)
+
+
+def test_siblings_linked_through_a_recurrence_are_scheduled_apart():
+    """The forward step ``x[t+1] @ w`` of a recurrence and the backward pass's read of
+    ``x[t+1]`` are siblings at every ``t``, but the backward pass reads the whole forward
+    rollout: one op for both would wait for the recurrence's later points, which wait for
+    it. Fusion's graph of islands does not see that (it leaves recurrences out), isl does:
+    the program is scheduled again without joined siblings, its other passes kept."""
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(5, 3)).astype(np.float32)
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tp.const(W[:3, :3], requires_grad=True)
+        x = tp.const(xs)[t]
+        s = tp.placeholder(shape=(3,), dtype="float32", domain=(t,))
+        s[0] = x @ w
+        s[t + 1] = 0.5 * s + x[t + 1] @ w
+        loss = (s * s).sum()[0:T].sum()
+        loss.backward()
+    bounds = {T: 5}
+    exe = ctx.compile(bounds, [s, w.grad], backend="numpy")
+    undone = [n for n in exe.report.notes if "undone" in n]
+    assert len(undone) == 1 and undone[0].startswith("siblings joined by fusion undone"), undone
+    assert "fused" in _kinds(exe)
+    got, ref = exe.run(), evaluate(ctx, bounds, [s, w.grad])
+    for rt in (s, w.grad):
+        np.testing.assert_allclose(got[rt], ref[rt.key], rtol=1e-5, atol=1e-6)

@@ -5,12 +5,15 @@ import pathlib
 
 import numpy as np
 import pytest
-from test_nest import _interpreted, _loop, _skewed_loop_with_peeled_iterations, c0
+from test_nest import _interpreted, _loop, _s, _skewed_loop_with_peeled_iterations, c0
 
 import tempo as tp
+from tempo.errors import SourceSite
+from tempo.ir.graph import Op
 from tempo.reference import evaluate
-from tempo.runtime.lowering import _with_peeled_iterations
+from tempo.runtime.lowering import _flat, _with_peeled_iterations
 from tempo.schedule import ast
+from tempo.schedule.scheduler import Statement
 
 
 def _recurrences(entries: int = 4):
@@ -72,6 +75,37 @@ def test_peeled_iterations_go_back_into_a_lowerable_loop_where_it_stays_lowerabl
         body = _with_peeled_iterations((*before, loop, *after), lowerable)
         assert [n.name for n in body if isinstance(n, ast.Stmt)] == outside
         assert _interpreted(_loop(c0, 0, 1, *body), {}) == expected
+
+
+def _statements(frees: dict[str, str]) -> dict[str, Statement]:
+    """Statements for the skewed loop's names, each executing an op of its own, and the
+    ``frees``: a free statement's name -> the name of the statement whose op it frees."""
+    site = SourceSite("test_lowering.py", 1)
+    ops = {name: Op(k, "const", {}, (), (), site) for k, name in enumerate("ASTFE")}
+    statements = {name: Statement("exec", op) for name, op in ops.items()}
+    return statements | {name: Statement("free", ops[freed]) for name, freed in frees.items()}
+
+
+def test_guarded_frees_between_peeled_iterations_and_their_loop_move_after_it():
+    """A free under a guard between a loop and its peeled first iteration (isl puts a
+    value's last free there) would cut the peeled statements off: it moves after the loop
+    and the statements after it, where none of them computes the freed op; the loop then
+    takes its iteration back. Nested sequences (isl's) are spliced first."""
+    before, loop, after = _skewed_loop_with_peeled_iterations()
+    guarded = ast.If(c0 >= 0, ast.Seq((_s("G"),)))
+    body = (*before[:2], guarded, *before[2:], loop, *after)
+    lowerable = lambda candidate: True  # noqa: E731
+    moved = _with_peeled_iterations(body, lowerable, _statements({"G": "A"}))
+    assert [n.name if isinstance(n, ast.Stmt) else type(n).__name__ for n in moved
+            if not isinstance(n, ast.Loop)] == ["A", "E", "If"]
+    expected = [i for i in _interpreted(_loop(c0, 0, 1, *body), {}) if i[0] != "G"] + [("G", ())]
+    assert _interpreted(_loop(c0, 0, 1, *moved), {}) == expected
+    nested = (before[0], ast.Seq((before[1], guarded, before[2])), loop, *after)
+    assert _with_peeled_iterations(_flat(nested), lowerable, _statements({"G": "A"})) == moved
+    # a free of an op the loop computes stays: only the statements after it go back
+    kept = _with_peeled_iterations(body, lowerable, _statements({"G": "S"}))
+    assert guarded in kept and _s("S", 0) in kept
+    assert _interpreted(_loop(c0, 0, 1, *kept), {}) == _interpreted(_loop(c0, 0, 1, *body), {})
 
 
 def test_timed_policy_measures_both_forms_then_keeps_one():
