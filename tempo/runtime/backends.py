@@ -59,6 +59,11 @@ class Backend(Protocol):
     def to_host(self, value: Any) -> np.ndarray:
         ...
 
+    def copy_to_host_ahead(self, values: list[Any]) -> None:
+        """Start copying ``values`` to host memory, for a ``to_host`` later that should not
+        wait for the copy (nothing to do where values are host memory)."""
+        ...
+
     def process_rows(self, dim: str, size: int) -> tuple[int, int] | None:
         """The rows ``lo .. hi - 1`` of ``size`` that this process's devices hold of a value
         split along ``dim`` over a mesh of several processes; None where every process
@@ -121,6 +126,9 @@ class NumpyBackend:
 
     def to_host(self, value: Any) -> np.ndarray:
         return np.asarray(value)
+
+    def copy_to_host_ahead(self, values: list[Any]) -> None:
+        """NumPy values are host memory."""
 
     def process_rows(self, dim: str, size: int) -> None:
         return None
@@ -438,6 +446,17 @@ class JaxBackend:
             from jax.experimental import multihost_utils
             return np.asarray(multihost_utils.process_allgather(value, tiled=True))
         return np.asarray(value)
+
+    def copy_to_host_ahead(self, values: list[Any]) -> None:
+        """On an accelerator, each device value's copy to host memory is queued behind the
+        work that makes it (``jax.Array.copy_to_host_async``), so that a late sink reading
+        it an iteration on finds it there instead of queueing its copy behind the next
+        iteration's work; a CPU's values are host memory already."""
+        if self.on_cpu:
+            return
+        for value in values:
+            if isinstance(value, self.jax.Array) and value.is_fully_addressable:
+                value.copy_to_host_async()
 
     def process_rows(self, dim: str, size: int) -> tuple[int, int] | None:
         if not self._many_processes or self.mesh is None or tuple(self.mesh.axis_names) != (dim,):

@@ -776,10 +776,11 @@ def _late_host_launcher(name: str, op: Op, edges: list[Edge], stores: dict, boun
              for (read, phi), e in zip(_reads(op, edges, stores, bounds, backend, True), edges)]
     call = _host_call(op, [stores[(op.id, k)].write for k in range(len(op.outputs))], bounds, backend,
                       shift, _kept_on_host(op, stores))
-    to_host = backend.to_host
+    to_host, ahead = backend.to_host, backend.copy_to_host_ahead
 
     def launch(point: tuple[int, ...]) -> None:
         early = [None if late else read(phi(*point)) for read, phi, late in reads]
+        ahead(early)
 
         def run_late() -> None:
             call(point, [to_host(read(phi(*point)) if late else value)

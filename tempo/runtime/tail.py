@@ -11,7 +11,8 @@ The *tail* of a program is its host ops that nothing but the tail reads (sinks, 
 read nothing back, UDFs read only by sinks, and anything else whose values only the tail
 or the run's outputs read), with the device ops and merges that read only the tail. A
 tail op's statement does not run where the program reaches it: it is queued, with the
-values it reads from outside the tail (read there, so later frees do not touch them), and
+values it reads from outside the tail (read there, so later frees do not touch them, and
+on an accelerator their copies to host memory start there: ``copy_to_host_ahead``), and
 runs when the program reaches the same statement again, or at the end of the run. The
 frees of the tail's values are queued behind it. So each tail op runs one occurrence
 late, after the next iteration's device work was dispatched, and its ``to_host`` finds

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
@@ -203,3 +204,24 @@ def test_a_host_op_reading_a_value_a_kernel_donates_stays_in_place():
     assert tally.id in host_tail(graph, {}, ()).host
     tail = host_tail(graph, {read: TRUE}, ())
     assert tally.id not in tail and tail.host  # (the sink still lags)
+
+
+def test_late_host_ops_start_copying_their_early_reads_to_the_host():
+    """Where a late host op is queued, the device values it read there start their copy to
+    host memory (``Backend.copy_to_host_ahead``; on an accelerator the copy then runs
+    behind the work that made them, not behind the next iteration's), once per queued
+    occurrence: the sink's loss at every iteration."""
+    log: list = []
+    ctx, w, (Ib, Tb) = _program(log)
+    exe = ctx.compile({Ib: I, Tb: T}, [w], backend="jax", loops=tp.LoopPolicy(late_sinks=True))
+    started: list = []
+    real = exe.backend.copy_to_host_ahead
+
+    def recording(values: list) -> None:
+        started.append([v for v in values if v is not None])
+        real(values)
+    exe.backend.copy_to_host_ahead = recording
+    exe.run()
+    losses = [float(v) for values in started for v in values if isinstance(v, jax.Array) and v.shape == ()]
+    logged = [entry[2] for entry in log if entry[0] == "sink"]
+    assert len(losses) == I and np.allclose(losses, logged)
