@@ -167,12 +167,16 @@ class _Job:
         """Optimize with ``passes`` (all when None), schedule and prepare the program;
         ``bounded``: for a schedule that keeps memory bounded (``PassState.bounded``)."""
         ctx, runtime, policy, stage = self.ctx, self.runtime, self.policy, self.stage
-        for enabled, siblings in _pipelines_to_try(passes):
+        attempts, joined = _pipelines_to_try(passes), 0
+        for n, (enabled, siblings) in enumerate(attempts):
+            if n and attempts[n - 1] == (enabled, True) and not joined:
+                continue  # (fusion joined no siblings: the program would be the same again)
             state = PassState(self.needed, self.bounds, ctx.bound_of, self.kept,
                               next_id=max(ctx.graph.ops) + 1, parallel=ctx.parallel, tile=self.tile,
                               shapes_compiled=runtime.name == "jax", accelerator=not runtime.on_cpu,
                               bounded=bounded, sharded=self.sharded, siblings=siblings)
             optimized = run_pipeline(self.graph, state, enabled, stage) if enabled else self.graph
+            joined = state.joined
             _check_split(optimized, self.sharded, state.notes)
             renamed = state.renamed if enabled else {}
             kept = {renamed.get(rt.key, rt.key) for rt in self.outputs}
@@ -181,7 +185,7 @@ class _Job:
                 donors = donation_candidates(optimized, self.bounds, kept, policy.donate_min_bytes) \
                     if runtime.name == "jax" and policy.donate else []
                 schedule = build_schedule(optimized, self.bounds, ctx.bound_of, roots, kept,
-                                          state.needed, donors)
+                                          state.needed, donors, explain=not enabled)
                 report.notes.extend(state.notes)  # only the notes of the program that runs
                 if schedule.from_cache:
                     report.notes.append(f"schedule: isl's schedule from the compile cache "
@@ -196,7 +200,7 @@ class _Job:
                 # (tempo.passes.fusion), which the program is scheduled without first; should
                 # it defeat them, it is scheduled without vectorization (the pass that changes
                 # the most), and failing that unoptimized, which is still correct.
-                undone = "siblings joined by fusion undone" if siblings else \
+                undone = "siblings joined by fusion undone" if siblings and state.joined else \
                     f"passes undone ({', '.join(enabled)})"
                 report.notes.append(f"{undone}, the optimized program had no schedule: {err}")
         stage("schedule")
@@ -290,7 +294,7 @@ def _pipelines_to_try(passes: Collection[str] | None) -> list[tuple[list[str], b
     then (should the program not schedule) the same with fusion joining no siblings, then
     without vectorization, then none."""
     enabled = [name for name, _ in PIPELINE] if passes is None else list(passes)
-    attempts = [(enabled, True)]
+    attempts = [(enabled, "fusion" in enabled)]
     if "fusion" in enabled:
         attempts.append((enabled, False))
     without = [name for name in enabled if name != "vectorize"]

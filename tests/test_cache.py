@@ -213,3 +213,21 @@ def test_a_schedule_serves_every_length_of_the_outer_loop(cache_dir):
         notes.append(any("isl's schedule from the compile cache" in n for n in exe.report.notes))
     assert notes == [False, True]
     assert len(_entries(cache_dir)) == 1
+
+
+def test_constraints_without_a_schedule_are_kept_as_such(cache_dir, monkeypatch):
+    """isl finding no schedule is kept too (a compile that then tries the program without
+    joined siblings, say, does not search again), and a later lookup says so without
+    asking isl."""
+    isl = scheduler_module.isl
+    domain = isl.UnionSet.read_from_str(scheduler_module.ISL, "{ A[i] : 0 <= i < 3; B[i] : 0 <= i < 3 }")
+    cycle = isl.UnionMap.read_from_str(scheduler_module.ISL, "{ A[i] -> B[i]; B[i] -> A[i] }")
+    constraints = isl.ScheduleConstraints.on_domain(domain).set_validity(cycle)
+    assert scheduler_module._cached_schedule(constraints) == (None, False)
+    (entry,) = _entries(cache_dir)
+    assert entry.read_text() == scheduler_module.NO_SCHEDULE
+
+    def not_again(self):
+        raise AssertionError("isl searched again")
+    monkeypatch.setattr(isl.ScheduleConstraints, "compute_schedule", not_again)
+    assert scheduler_module._cached_schedule(constraints) == (None, True)

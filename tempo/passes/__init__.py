@@ -61,6 +61,8 @@ class PassState:
     siblings: bool = True
     """Fusion joins sibling islands (``tempo.passes.fusion``); off where that left the
     program without a schedule."""
+    joined: int = 0
+    """Sibling islands fusion joined."""
     renamed: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     """Where the values of ``keep`` ops went when fusion took them: ``(op, out) -> (fused
     op, out)``."""
@@ -75,7 +77,9 @@ def fusion(graph: SDG, state: PassState) -> SDG:
     state.needed = result.needed
     state.renamed = result.renamed
     state.next_id += result.islands
-    state.notes.append(f"fusion: {result.fused_ops} ops into {result.islands} fused ops")
+    state.joined = result.siblings
+    state.notes.append(f"fusion: {result.fused_ops} ops into {result.islands} fused ops "
+                       f"({result.siblings} sibling islands joined)")
     return result.graph
 
 

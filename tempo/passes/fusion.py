@@ -68,6 +68,8 @@ class FusionResult:
     fused_ops: int
     renamed: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     """Outputs of ``keep`` ops fused into a fused op: ``(op, out) -> (fused op, out)``."""
+    siblings: int = 0
+    """Sibling islands joined (``_merge_siblings``)."""
 
 
 def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
@@ -92,8 +94,7 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
             if _same_point(edge) and edge.src.id in eligible and op.id in eligible \
                     and by_op[edge.src.id].is_equal(by_op[op.id]):
                 islands.merge_if_acyclic(edge.src.id, op.id)
-    if siblings:
-        _merge_siblings(islands, graph, order, eligible, by_op)
+    joined = _merge_siblings(islands, order, eligible, by_op) if siblings else 0
     groups = [g for g in islands.groups() if len(g) > 1 or (
         g[0] in eligible and any(_is_constant(e.src) for e in graph.in_edges(graph.ops[g[0]])))]
     if not groups:
@@ -101,39 +102,39 @@ def fuse_pointwise(graph: SDG, needed: isl.UnionSet, bounds: dict[Symbol, int],
     fused, new_needed, exports = _rebuild(graph, groups, order, by_op, bounds, first_id, keep)
     renamed = {(op_id, k): exports[(op_id, k)] for op_id in keep if op_id in graph.ops
                for k in range(len(graph.ops[op_id].outputs)) if (op_id, k) in exports}
-    return FusionResult(fused, new_needed, len(groups), sum(len(g) for g in groups), renamed)
+    return FusionResult(fused, new_needed, len(groups), sum(len(g) for g in groups), renamed, joined)
 
 
-def _merge_siblings(islands: _Islands, graph: SDG, order: list[Op], eligible: set[int],
-                    by_op: dict[int, isl.Set]) -> None:
-    """Sibling islands joined: islands that run at the same points and read a common
-    producer (``obs[i, 0:T]`` read by a value head and by a statistic) become one, where
-    the graph of islands stays acyclic. Unconnected, they would each be a kernel of their
-    own: on JAX an XLA program to compile and dispatch per island (PPO's iteration ran
-    16 kernels between its scans, 6 with siblings joined). Islands that read their own
-    points (recurrences, block kernels' ``k[0:t]``) or padded tiles stay as they are: a
-    loop lowers them by what they read (``tempo.runtime.lowering``).
+def _merge_siblings(islands: _Islands, order: list[Op], eligible: set[int], by_op: dict[int, isl.Set]) -> int:
+    """Join sibling islands, and say how many joined: islands at the same points that
+    read a common producer over some dim (``obs[i, 0:T]`` read by a value head and by a
+    statistic) and not each other become one, where the graph of islands stays acyclic.
+    Unjoined, each is a kernel of its own: on JAX an XLA program to compile and dispatch.
+    Only ``_Islands.plain`` islands join.
 
     The graph of islands leaves out the reads that close recurrences, which cannot make a
-    point wait for itself within a chain of same-point reads (vertical fusion's), but can
-    where a sibling reads a whole rollout: a recurrence's step and a backward pass over
-    its rollout, joined, wait for the recurrence's later points. Such a program has no
-    schedule, and the compiler schedules it again without joined siblings
-    (``PassState.siblings``); telling the two apart here would need the points."""
+    point wait for itself through same-point reads, but can through a sibling that reads
+    a whole rollout. A recurrence's own step never joins (``plain``); should another
+    such chain remain, the program has no schedule and the compiler schedules it again
+    without joined siblings (``PassState.siblings``)."""
+    graph = islands.graph
     readers: dict[int, dict[int, int]] = {}  # producer island -> one op per reader island
     for op in order:
         own = islands.find(op.id)
         if op.id in eligible:
             for edge in graph.in_edges(op):
                 src = islands.find(edge.src.id)
-                if src != own and not _is_constant(edge.src):
+                if src != own and edge.src.domain and not _is_constant(edge.src):
                     readers.setdefault(src, {}).setdefault(own, op.id)
+    joined = 0
     for by_island in readers.values():
         ops = list(by_island.values())
         for a, b in zip(ops, ops[1:]):
             if graph.ops[a].domain == graph.ops[b].domain and by_op[a].is_equal(by_op[b]) \
-                    and islands.plain(a, eligible) and islands.plain(b, eligible):
-                islands.merge_if_acyclic(a, b)
+                    and islands.plain(a, eligible) and islands.plain(b, eligible) \
+                    and not islands.read_between(a, b):
+                joined += islands.merge_if_acyclic(a, b)
+    return joined
 
 
 # ---- which ops and edges ------------------------------------------------------------------
@@ -190,10 +191,14 @@ def _dag_edges(graph: SDG) -> Iterable[tuple[int, int]]:
     later points (GAE's ``a[t] = d + c * a[t+1]``). They link different points, so they
     cannot make a point wait for itself."""
     for edge in graph.edges():
-        closes = (edge.sink.kind == "merge" and _shift(edge) < 0) or (
-            edge.src.kind == "merge" and _shift(edge) > 0)
-        if not closes:
+        if not _closes_recurrence(edge):
             yield edge.src.id, edge.sink.id
+
+
+def _closes_recurrence(edge: Edge) -> bool:
+    """A placeholder branch that reads an earlier point (``s[t+1] = s + x``), or a read of a
+    placeholder's later point (GAE's ``a[t] = d + c * a[t+1]``)."""
+    return (edge.sink.kind == "merge" and _shift(edge) < 0) or (edge.src.kind == "merge" and _shift(edge) > 0)
 
 
 def _topological_order(graph: SDG) -> list[Op] | None:
@@ -221,6 +226,7 @@ class _Islands:
 
     def __init__(self, graph: SDG, order: list[Op]):
         self.graph = graph
+        self.consumers = graph.consumers()
         self.parent = {op.id: op.id for op in order}
         self.members = {op.id: [op.id] for op in order}
         self.succ: dict[int, set[int]] = {op.id: set() for op in order}
@@ -236,11 +242,13 @@ class _Islands:
             k = self.parent[k]
         return k
 
-    def merge_if_acyclic(self, a: int, b: int) -> None:
+    def merge_if_acyclic(self, a: int, b: int) -> bool:
+        """Join the islands of ``a`` and ``b`` where that keeps the graph acyclic; whether
+        they were joined."""
         ra, rb = self.find(a), self.find(b)
         if ra == rb or not self._reads_between_ok(ra, rb) \
                 or self._reaches_indirectly(ra, rb) or self._reaches_indirectly(rb, ra):
-            return
+            return False
         self.parent[rb] = ra
         self.members[ra] += self.members.pop(rb)
         for other in self.succ.pop(rb):
@@ -255,14 +263,22 @@ class _Islands:
                 self.succ[other].add(ra)
         self.succ[ra].discard(ra)
         self.pred[ra].discard(ra)
+        return True
 
     def plain(self, op_id: int, eligible: set[int]) -> bool:
-        """The island of ``op_id`` holds eligible ops only, reads no padded tiles, and
-        reads none of its own points but the point itself."""
+        """The island of ``op_id`` holds eligible ops only, reads no padded tiles, reads
+        none of its own points but the point itself, and is no recurrence's step (it
+        neither feeds a placeholder's later point nor reads a placeholder's later one)."""
         members = set(self.members[self.find(op_id)])
         return all(m in eligible for m in members) and not any(
-            edge.tiled or edge.src.id in members and not _same_point(edge)
-            for m in members for edge in self.graph.inputs[m])
+            edge.tiled or edge.src.id in members and not _same_point(edge) for m in members
+            for edge in self.graph.inputs[m]) and not any(
+            _closes_recurrence(edge) for m in members for edge in (*self.graph.inputs[m], *self.consumers[m]))
+
+    def read_between(self, a: int, b: int) -> bool:
+        """Whether an op of either island reads one of the other."""
+        ma, mb = set(self.members[self.find(a)]), set(self.members[self.find(b)])
+        return any(edge.src.id in (mb if m in ma else ma) for m in ma | mb for edge in self.graph.inputs[m])
 
     def _reads_between_ok(self, a: int, b: int) -> bool:
         """Every read between the two islands is of the same point or an earlier one (a

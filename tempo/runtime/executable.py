@@ -32,7 +32,7 @@ from tempo.runtime.blocks import (
     whole_buffers,
 )
 from tempo.runtime.footprint import Footprint, Prediction
-from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops
+from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops, peeled_iterations_back
 from tempo.runtime.nest import depth, statement_names
 from tempo.runtime.plan import point_op
 from tempo.runtime.profile import RunProfile, XlaCompiles
@@ -123,9 +123,12 @@ class Executable:
         """Per stored output read only through bounded windows: their width (a ``WindowStore``)."""
         self.loops = loops or LoopPolicy()
         root = ast.substitute(schedule.root, bounds)
+        lowering = backend.name == "jax" and self.loops.mode != "interpreted"
+        if lowering:
+            root = peeled_iterations_back(root, schedule.statements, graph, bounds, self.loops.nests)
         self._interpreted = _compile_source(_program_source(root, schedule.statements))
         self._lowered: dict[str, Lowerable] = {}
-        if backend.name == "jax" and self.loops.mode != "interpreted":
+        if lowering:
             root, self._lowered = lower_loops(root, schedule.statements, graph, bounds, self.loops.nests)
         self.loop_choices = {name: LoopChoice(name, statement_names(lowerable.loop), depth(lowerable.loop))
                              for name, lowerable in self._lowered.items()}

@@ -188,24 +188,39 @@ class Lowerable:
     frees after its last iteration): the iterations where one holds are interpreted."""
 
 
+def peeled_iterations_back(root: ast.Node, statements: dict[str, Statement], graph: SDG,
+                           bounds: dict[Symbol, int], nests: bool = True) -> ast.Node:
+    """``root`` with each lowerable innermost loop given back the iterations isl peeled off
+    it (``_with_peeled_iterations``): the same statement instances in the same order, but
+    for frees that run later. ``lower_loops`` takes this program; the interpreted one is
+    it too, so that the memory prediction walks those frees where the runs do."""
+    lowerable = _lowerability(statements, graph, bounds, nests)
+
+    def visit(node: ast.Node) -> ast.Node:
+        if isinstance(node, ast.Seq):
+            return ast.Seq(tuple(visit(c) for c in _with_peeled_iterations(_flat(node.body), lowerable,
+                                                                           statements)))
+        if isinstance(node, ast.If):
+            orelse = visit(node.orelse) if node.orelse is not None else None
+            return ast.If(node.cond, visit(node.then), orelse)
+        if isinstance(node, ast.Loop):
+            return ast.Loop(node.var, node.start, node.cond, node.step, visit(node.body))
+        return node
+    return visit(root)
+
+
 def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
                 bounds: dict[Symbol, int], nests: bool = True) -> tuple[ast.Node, dict[str, Lowerable]]:
-    """``root`` with each outermost lowerable loop or loop nest replaced by a statement
-    ``L<k>`` at its outer loop counters, and what each such statement stands for. Inside a
-    lowerable nest, the lowerable loops are found the same way, for its interpreted form:
-    a nest that runs interpreted still runs its inner loop in the form that loop chose."""
+    """``root`` (its peeled iterations back: ``peeled_iterations_back``) with each
+    outermost lowerable loop or loop nest replaced by a statement ``L<k>`` at its outer
+    loop counters, and what each such statement stands for. Inside a lowerable nest, the
+    lowerable loops are found the same way, for its interpreted form: a nest that runs
+    interpreted still runs its inner loop in the form that loop chose."""
     found: dict[str, Lowerable] = {}
-
-    def lowerable(loop: ast.Loop) -> bool:
-        return _lowerable(loop, statements, graph, bounds, nests) or in_spans(loop)
-
-    def in_spans(loop: ast.Loop) -> bool:
-        return _lowerable_in_spans(loop, statements, graph, bounds)
 
     def visit(node: ast.Node, outer: tuple[Symbol, ...]) -> ast.Node:
         if isinstance(node, ast.Seq):
-            return ast.Seq(tuple(visit(c, outer)
-                              for c in _with_peeled_iterations(_flat(node.body), lowerable, statements)))
+            return ast.Seq(tuple(visit(c, outer) for c in node.body))
         if isinstance(node, ast.If):
             orelse = visit(node.orelse, outer) if node.orelse is not None else None
             return ast.If(node.cond, visit(node.then, outer), orelse)
@@ -217,12 +232,19 @@ def lower_loops(root: ast.Node, statements: dict[str, Statement], graph: SDG,
                 found[name] = Lowerable(node, outer, inner)
                 return ast.Stmt(name, outer)
             reduced, guards = _without_inner_loops(node)
-            if reduced is None or not in_spans(reduced):
+            if reduced is None or not _lowerable_in_spans(reduced, statements, graph, bounds):
                 return inner
             found[name] = Lowerable(reduced, outer, inner, spans=True, elsewhere=tuple(guards))
             return ast.Stmt(name, outer)
         return node
     return visit(root, ()), found
+
+
+def _lowerability(statements: dict[str, Statement], graph: SDG, bounds: dict[Symbol, int],
+                  nests: bool) -> Callable[[ast.Loop], bool]:
+    """Whether a loop lowers, as one scan or in spans."""
+    return lambda loop: _lowerable(loop, statements, graph, bounds, nests) \
+        or _lowerable_in_spans(loop, statements, graph, bounds)
 
 
 def _flat(body: tuple[ast.Node, ...]) -> tuple[ast.Node, ...]:
@@ -233,15 +255,16 @@ def _flat(body: tuple[ast.Node, ...]) -> tuple[ast.Node, ...]:
 
 
 def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast.Loop], bool],
-                            statements: dict[str, Statement] | None = None) -> list[ast.Node]:
+                            statements: dict[str, Statement]) -> list[ast.Node]:
     """``body`` with each lowerable innermost loop given back the iterations isl peeled
     off it into the statements around it (``nest.with_peeled_iterations``: a recurrence's
     first step, an update loop's last), where the loop stays lowerable with them: the
     peeled statements then run inside the loop's scan instead of as kernels of their own,
     each compiled a second time outside the scan (PPO's acting step and its update).
-    Guarded frees among the statements before the loop (a value's last point freed at
-    the last outer iteration) move after the loop and the statements after it, where
-    none of those computes the freed op (``statements`` given): a free may run later."""
+    Guarded frees among the statements before the loop (a value's last point, freed at
+    the last outer iteration) move after the loop and the statements after it where the
+    loop takes statements from before it and none of those it passes computes the freed
+    op: a free may run later."""
     out = list(body)
     k = 0
     while k < len(out):
@@ -258,28 +281,30 @@ def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast
                 kept_before, unpeeled, kept_after = nest.with_peeled_iterations(
                     before if take_before else [], loop, after if take_after else [])
                 if unpeeled is not loop and lowerable(unpeeled):
-                    kept_before = kept_before if take_before else before
                     kept_after = kept_after if take_after else after
-                    out[start:stop] = [*kept_before, unpeeled, *kept_after, *deferred]
-                    k = start + len(kept_before)
+                    if take_before:
+                        out[start:stop] = [*kept_before, unpeeled, *kept_after, *deferred]
+                        k = start + len(kept_before)
+                    else:  # (the frees stay where they were)
+                        out[k:stop] = [unpeeled, *kept_after]
                     break
         k += 1
     return out
 
 
-def _run_before(out: list[ast.Node], k: int, stop: int, statements: dict[str, Statement] | None) -> int:
+def _run_before(out: list[ast.Node], k: int, stop: int, statements: dict[str, Statement]) -> int:
     """Where the statements just before the loop ``out[k]`` begin: plain statements, and
     guarded frees that may move after ``out[k:stop]`` (none of the statements they would
     pass computes the op they free)."""
     computed = {statements[s.name].op.id for node in out[k:stop] for s in ast.statements(node)
-                if statements[s.name].kind == "exec"} if statements is not None else set()
+                if statements[s.name].kind == "exec"}
     start = k
     while start:
         node = out[start - 1]
         if isinstance(node, ast.Stmt):
-            if statements is not None and statements[node.name].kind == "exec":
+            if statements[node.name].kind == "exec":
                 computed.add(statements[node.name].op.id)
-        elif not (statements is not None and isinstance(node, ast.If) and node.orelse is None
+        elif not (isinstance(node, ast.If) and node.orelse is None
                   and _frees_only(node, statements, computed)):
             break
         start -= 1
@@ -287,6 +312,7 @@ def _run_before(out: list[ast.Node], k: int, stop: int, statements: dict[str, St
 
 
 def _frees_only(node: ast.If, statements: dict[str, Statement], computed: set[int]) -> bool:
+    """Whether ``node`` holds only free statements, none of an op in ``computed``."""
     items = ast.guarded_items(node.then)
     return all(isinstance(item, ast.Stmt) and statements[item.name].kind == "free"
                and statements[item.name].op.id not in computed for item, _ in items)

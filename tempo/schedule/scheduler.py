@@ -90,13 +90,16 @@ class Schedule:
 
 def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, Symbol],
                    roots: list[Op], kept: set[tuple[int, int]], needed: isl.UnionSet,
-                   donors: Collection[Edge] = ()) -> Schedule:
+                   donors: Collection[Edge] = (), explain: bool = True) -> Schedule:
     """Schedule every ``needed`` point of a checked program (see ``analyze_points``).
 
     ``kept`` are the ``(op id, output)`` values whose points are never freed (the
     program's outputs, read at the end).
     ``donors`` are point-reading edges whose last reads the runtime wants to know
     (``Schedule.last_reads``; see ``tempo.schedule.memory.donation_candidates``).
+    Where isl finds no schedule, ``UnschedulableError``; with ``explain``, naming a
+    point that waits for itself where there is one (a search over the concrete points,
+    which a compile that tries another program next skips).
     """
     poly, poly_needed, poly_reads = _parametric_if_exact(graph, bounds, bound_of, roots, needed)
     if poly is None:
@@ -106,8 +109,9 @@ def build_schedule(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol,
     statements = {name: Statement("exec", op) for name, op in poly.statements.items()}
     schedule, from_cache = _schedule(poly, poly_needed, live_reads)
     if schedule is None:
-        concrete = Polyhedral(graph, bounds, bound_of)
-        check_acyclic_points(concrete, needed, concrete.all_reads())
+        if explain:
+            concrete = Polyhedral(graph, bounds, bound_of)
+            check_acyclic_points(concrete, needed, concrete.all_reads())
         raise UnschedulableError("isl found no schedule satisfying the program's dependences")
     # The schedule holds for any bounds; the loop program is generated for the concrete
     # ones, where conditions on the bounds (a checkpoint at the last iteration or not)
@@ -217,11 +221,19 @@ def _sinks_before_stops(poly: Polyhedral) -> isl.UnionMap:
     return before
 
 
+NO_SCHEDULE = "none"
+"""The compile cache's entry for constraints isl found no schedule for (a program the
+compiler then tries without joined siblings, say: the next compile skips isl's search)."""
+
+
 def _cached_schedule(sc: isl.ScheduleConstraints) -> tuple[isl.Schedule | None, bool]:
-    """isl's schedule for ``sc``: from the compile cache (``tempo.cache``) when an earlier
-    run computed it, else computed and kept there; and whether it came from the cache."""
+    """isl's schedule for ``sc`` (None where there is none): from the compile cache
+    (``tempo.cache``) when an earlier run computed it, else computed and kept there; and
+    whether it came from the cache."""
     key = f"islpy {ISLPY_VERSION}\n{sc}"  # another isl may schedule the same constraints otherwise
     text = cache.load(SCHEDULE_ENTRY, key)
+    if text == NO_SCHEDULE:
+        return None, True
     if text is not None:
         try:
             return isl.Schedule.read_from_str(ISL, text), True
@@ -230,8 +242,8 @@ def _cached_schedule(sc: isl.ScheduleConstraints) -> tuple[isl.Schedule | None, 
     try:
         schedule = sc.compute_schedule()
     except isl.Error:
-        return None, False
-    cache.store(SCHEDULE_ENTRY, key, str(schedule))
+        schedule = None
+    cache.store(SCHEDULE_ENTRY, key, NO_SCHEDULE if schedule is None else str(schedule))
     return schedule, False
 
 

@@ -66,3 +66,20 @@ def compile_against_reference(ctx, bounds: dict, outputs: list, passes, backend:
 @pytest.fixture
 def check():
     return compile_against_reference
+
+
+@pytest.fixture
+def first_schedule_fails(monkeypatch) -> list[SDG]:
+    """The compiler's first call to ``build_schedule`` finds no schedule (simulated), the
+    others schedule as they would; the graphs each call was given, in order."""
+    import tempo.compiler as compiler
+    from tempo.errors import UnschedulableError
+    real, calls = compiler.build_schedule, []
+
+    def failing_first(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 1:
+            raise UnschedulableError("no schedule (simulated)")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(compiler, "build_schedule", failing_first)
+    return calls

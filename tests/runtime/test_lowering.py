@@ -72,7 +72,7 @@ def test_peeled_iterations_go_back_into_a_lowerable_loop_where_it_stays_lowerabl
     for refused, outside in cases:
         def lowerable(candidate: ast.Loop, refused: tuple | None = refused) -> bool:
             return refused not in _interpreted(_loop(c0, 0, 1, candidate), {})
-        body = _with_peeled_iterations((*before, loop, *after), lowerable)
+        body = _with_peeled_iterations((*before, loop, *after), lowerable, _statements({}))
         assert [n.name for n in body if isinstance(n, ast.Stmt)] == outside
         assert _interpreted(_loop(c0, 0, 1, *body), {}) == expected
 
@@ -106,6 +106,12 @@ def test_guarded_frees_between_peeled_iterations_and_their_loop_move_after_it():
     kept = _with_peeled_iterations(body, lowerable, _statements({"G": "S"}))
     assert guarded in kept and _s("S", 0) in kept
     assert _interpreted(_loop(c0, 0, 1, *kept), {}) == _interpreted(_loop(c0, 0, 1, *body), {})
+    # a loop that takes back only its last iteration leaves the free where it was
+    def after_only(candidate: ast.Loop) -> bool:
+        return ("S", (0,)) not in _interpreted(_loop(c0, 0, 1, candidate), {})
+    stays = _with_peeled_iterations(body, after_only, _statements({"G": "A"}))
+    assert stays.index(guarded) < [type(n) for n in stays].index(ast.Loop)
+    assert _interpreted(_loop(c0, 0, 1, *stays), {}) == _interpreted(_loop(c0, 0, 1, *body), {})
 
 
 def test_timed_policy_measures_both_forms_then_keeps_one():
