@@ -284,6 +284,37 @@ register("cumsum", _infer_scan, lambda xp, p, x: xp.cumsum(x, axis=p["dim"]).ast
          linear=(0,))
 
 
+def _infer_linear_recurrence(c: TensorType, d: TensorType, dim: int, forward: bool) -> tuple[TensorType]:
+    if len(c.shape) != len(d.shape) or not all(same_dim(a, b) for a, b in zip(c.shape, d.shape)):
+        raise ShapeError(f"a linear recurrence's coefficients {_fmt(c.shape)} and terms "
+                         f"{_fmt(d.shape)} differ in shape")
+    normalize_dim(dim, d.ndim)
+    return (d,)
+
+
+def _linear_recurrence(xp: Any, p: dict, c: Any, d: Any) -> Any:
+    """``x[k] = d[k] + c[k] * x[k + 1]`` along ``dim``, from ``x[last] = d[last]`` (with
+    ``forward``: ``x[k] = d[k] + c[k] * x[k - 1]`` from ``x[0] = d[0]``), in log2 of the
+    length doubling steps (each row composes the next ``2^r`` rows' affine maps) of array
+    operations alone: the same arithmetic on every backend, and no sequential loop."""
+    dim = p["dim"] % d.ndim
+    x, a = xp.moveaxis(d, dim, 0), xp.moveaxis(c, dim, 0)
+    if p["forward"]:
+        x, a = x[::-1], a[::-1]
+    n, s = x.shape[0], 1
+    while s < n:
+        pad = xp.zeros((s, *x.shape[1:]), x.dtype)
+        x = x + a * xp.concatenate([x[s:], pad])
+        a = a * xp.concatenate([a[s:], pad])
+        s *= 2
+    if p["forward"]:
+        x = x[::-1]
+    return xp.moveaxis(x, 0, dim).astype(d.dtype)
+
+
+register("linear_recurrence", _infer_linear_recurrence, _linear_recurrence)
+
+
 def _infer_discounted_sum(x: TensorType, dim: int, gamma: float) -> tuple[TensorType]:
     return _infer_reduce(x, (dim,), False)
 

@@ -1,17 +1,22 @@
-"""Lifting of recurrent patterns: sums over time written step by step become one ``cumsum``.
+"""Lifting of recurrent patterns: sums over time written step by step become one op.
 
-Two patterns over the program's innermost dim ``t`` (paper §4.1, Fig. 10):
+Three patterns over the program's innermost dim ``t`` (paper §4.1, Fig. 10):
 
 - a *running sum*, a placeholder ``s[t == 0] = x; s[True] = s[t-1] + x``;
 - a *prefix sum*, ``x[0:t+1].sum(0)``, which adds ``t + 1`` steps at every ``t``
-  (``T (T + 1) / 2`` additions in all).
+  (``T (T + 1) / 2`` additions in all);
+- a *linear recurrence*, ``a[t == T-1] = d; a[True] = d + c * a[t+1]`` (GAE's advantages,
+  discounted returns with episode ends), or forward, ``a[t == 0] = d; a[True] = d + c *
+  a[t-1]``, with ``c`` and ``d`` computed at each step.
 
-Both are ``cumsum(x[0:T], 0)[t]``: the pass adds one ``cumsum`` over the op's other dims,
-reading all of ``x``'s steps, and the op becomes a ``take`` of row ``t`` of it (at an
-``eval_symbol`` of ``t`` in the run's own coordinates), so its readers are untouched.
-The vectorization pass that follows turns those rows back into reads of the whole
-``cumsum`` where its readers are vectorized. The running sum's recurrence (``s[t-1] + x``)
-goes, and with it a sequential loop over ``t``.
+The first two are ``cumsum(x[0:T], 0)[t]``, the third ``linear_recurrence(c[0:T],
+d[0:T])[t]``: the pass adds one such op over the op's other dims, reading all of the
+steps, and the op becomes a ``take`` of row ``t`` of it (at an ``eval_symbol`` of ``t`` in
+the run's own coordinates), so its readers are untouched. The vectorization pass that
+follows turns those rows back into reads of the whole op where its readers are vectorized.
+The recurrence (``s[t-1] + x``) goes, and with it a sequential loop over ``t``: on JAX a
+``lax.scan`` whose steps an accelerator runs one by one from the host, where the linear
+recurrence takes ``log2 T`` array steps (``tempo.ir.ops._linear_recurrence``).
 
 A pattern is lifted only when the op is needed at every ``t`` of each point of its other
 dims, so that every step of ``x`` the ``cumsum`` reads is one the program computes anyway.
@@ -19,6 +24,7 @@ dims, so that every step of ``x`` the ``cumsum`` reads is one the program comput
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,7 +41,7 @@ from tempo.passes.rewrite import (
     same_type,
     without_unreached,
 )
-from tempo.symbolic.expr import TRUE, Slice, Symbol, const
+from tempo.symbolic.expr import TRUE, Expr, Slice, Symbol, const
 
 if TYPE_CHECKING:
     from tempo.passes import PassState
@@ -51,20 +57,35 @@ def lift_recurrences(graph: SDG, state: PassState) -> SDG:
         return graph
     needed = needed_by_op(state.needed, graph.ops)
     poly = Polyhedral(graph, state.bounds, state.bound_of)
-    lifted: dict[int, Edge] = {}
+    lifted: dict[int, Lifted] = {}
+    last = dim == state.bound_of[dim] - 1
     for op in graph.ops.values():
         if op.id in state.keep or op.id not in needed or dim not in op.domain or op.when is not TRUE:
             continue
         summed = _running_sum(graph, op, dim) or _prefix_sum(graph, op, dim, state.bounds)
-        if summed is not None and needed_at_every_step(poly, op, dim, needed[op.id]):
-            lifted[op.id] = summed
+        found = Lifted("cumsum", (summed,), {"dim": 0}) if summed is not None else \
+            _linear_recurrence(graph, op, dim, last)
+        if found is not None and needed_at_every_step(poly, op, dim, needed[op.id]):
+            lifted[op.id] = found
     if not lifted:
         state.notes.append("lift: 0 sums lifted")
         return graph
     out = _rebuild(graph, lifted, dim, size, state)
     state.needed = recomputed_needed(out, state)
-    state.notes.append(f"lift: {len(lifted)} sums over {dim.name} lifted to cumsums")
+    sums = sum(found.kind == "cumsum" for found in lifted.values())
+    state.notes.append(f"lift: {sums} sums over {dim.name} lifted to cumsums, "
+                       f"{len(lifted) - sums} linear recurrences to linear_recurrence")
     return out
+
+
+@dataclass(frozen=True)
+class Lifted:
+    """The op a pattern becomes (rows of it): its kind, the reads of its inputs at the
+    pattern's point, its params."""
+
+    kind: str
+    reads: tuple[Edge, ...]
+    params: dict
 
 
 def _plain_read(edge: Edge, dim: Symbol, cond: object = TRUE) -> bool:
@@ -97,6 +118,44 @@ def _running_sum(graph: SDG, op: Op, dim: Symbol) -> Edge | None:
     return None
 
 
+def _linear_recurrence(graph: SDG, op: Op, dim: Symbol, last: Expr) -> Lifted | None:
+    """``a[t == T-1] = d; a[True] = d + c * a[t+1]`` (or forward: ``t == 0``, ``a[t-1]``),
+    with ``c``, ``d`` and ``a`` of one type (else None)."""
+    if op.kind != "merge" or len(graph.in_edges(op)) != 2:
+        return None
+    first, step = graph.in_edges(op)
+    forward = first.cond is (dim == 0)
+    if not _plain_read(first, dim, first.cond if forward else last) or not _plain_read(step, dim) \
+            or not _one_step(step.src, op):
+        return None
+    neighbour = tuple(d + (-1 if forward else 1) if d is dim else d for d in op.domain)
+    for term, product in _either_order(graph.in_edges(step.src)):
+        same_term = term.src is first.src and term.src_out == first.src_out and _plain_read(term, dim)
+        if not same_term or product.src.kind != "mul" or not _plain_read(product, dim) \
+                or not _one_step(product.src, op):
+            continue
+        for coefficient, carried in _either_order(graph.in_edges(product.src)):
+            if _reads_at(carried, op, neighbour) and _plain_read(coefficient, dim) \
+                    and same_type(op, 0, coefficient.src, coefficient.src_out):
+                return Lifted("linear_recurrence", (coefficient, term), {"dim": 0, "forward": forward})
+    return None
+
+
+def _reads_at(edge: Edge, op: Op, index: tuple[Expr, ...]) -> bool:
+    """``edge`` reads ``op`` at ``index``, unconditionally."""
+    return edge.src is op and edge.cond is TRUE and all(a is b for a, b in zip(edge.phi, index))
+
+
+def _one_step(op: Op, merge: Op) -> bool:
+    """An op of the merge's type at each of its points, computed wherever it is needed."""
+    return op.kind in ("add", "mul") and op.when is TRUE and not op.requires and op.domain == merge.domain \
+        and same_type(op, 0, merge, 0)
+
+
+def _either_order(edges: list[Edge]) -> list[tuple[Edge, Edge]]:
+    return [(edges[0], edges[1]), (edges[1], edges[0])] if len(edges) == 2 else []
+
+
 def _prefix_sum(graph: SDG, op: Op, dim: Symbol, bounds: dict) -> Edge | None:
     """``x[0:t+1].sum(0)``: the read of ``x`` (else None)."""
     if op.kind != "reduce_sum" or op.params["keepdims"] or np.dtype(op.outputs[0].dtype).kind != "f":
@@ -117,9 +176,10 @@ def _prefix_sum(graph: SDG, op: Op, dim: Symbol, bounds: dict) -> Edge | None:
     return edge
 
 
-def _rebuild(graph: SDG, lifted: dict[int, Edge], dim: Symbol, size: int,
+def _rebuild(graph: SDG, lifted: dict[int, Lifted], dim: Symbol, size: int,
              state: PassState) -> SDG:
-    """Each lifted op as a ``take`` of row ``dim`` of a new ``cumsum``, placed before it."""
+    """Each lifted op as a ``take`` of row ``dim`` of a new op over the whole dim, placed
+    before it."""
     out = SDG()
     for op in graph.ops.values():
         if op.id not in lifted:
@@ -127,17 +187,22 @@ def _rebuild(graph: SDG, lifted: dict[int, Edge], dim: Symbol, size: int,
             for edge in graph.in_edges(op):
                 out.add_edge(edge)
             continue
-        read = lifted[op.id]
-        at = read.src.domain.index(dim)
+        found = lifted[op.id]
         rest = tuple(d for d in op.domain if d is not dim)
-        phi = tuple(Slice(const(0), const(size)) if k == at else e for k, e in enumerate(read.phi))
-        t = read.src.outputs[read.src_out]
-        cumsum = add_with_inputs(out, Op(state.next_id, "cumsum", {"dim": 0}, rest,
-                                         (TensorType((const(size), *t.shape), t.dtype),), op.site,
-                                         f"{op.label or op.kind}_cumsum"),
-                                 [Edge(op, 0, read.src, read.src_out, phi)])
+        reads = [Edge(op, k, read.src, read.src_out, _whole(read, dim, size))
+                 for k, read in enumerate(found.reads)]
+        t = found.reads[-1].src.outputs[found.reads[-1].src_out]
+        whole = add_with_inputs(out, Op(state.next_id, found.kind, found.params, rest,
+                                        (TensorType((const(size), *t.shape), t.dtype),), op.site,
+                                        f"{op.label or op.kind}_{found.kind}"), reads)
         index = add_with_inputs(out, row_index_op(state.next_id + 1, dim, (dim,), op.site), [])
         state.next_id += 2
         row = Op(op.id, "take", {"dim": 0}, op.domain, op.outputs, op.site, op.label)
-        add_with_inputs(out, row, [Edge(row, 0, cumsum, 0, rest), Edge(row, 1, index, 0, (dim,))])
+        add_with_inputs(out, row, [Edge(row, 0, whole, 0, rest), Edge(row, 1, index, 0, (dim,))])
     return without_unreached(out, state.keep)
+
+
+def _whole(read: Edge, dim: Symbol, size: int) -> tuple:
+    """``read``'s index with every step of ``dim``."""
+    at = read.src.domain.index(dim)
+    return tuple(Slice(const(0), const(size)) if k == at else e for k, e in enumerate(read.phi))

@@ -23,6 +23,7 @@ NO_GRADIENT_RULE = {
     "window": "made by the tiling pass, after differentiation",
     "put_row": "made by the newest-rows pass, after differentiation",
     "shard": "made by the parallel pass under a Distribution, after differentiation",
+    "linear_recurrence": "made by the lift pass, after differentiation",
 }
 NO_BATCHING_RULE = {
     "const": "has no point to batch over",
@@ -37,6 +38,7 @@ NO_BATCHING_RULE = {
     "mask_rows": "made after vectorization",
     "window": "made after vectorization (by the tiling pass)",
     "put_row": "made after vectorization (by the newest-rows pass)",
+    "linear_recurrence": "made by the lift pass over the innermost dim, which its domain then lacks",
 }
 
 

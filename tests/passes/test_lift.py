@@ -88,3 +88,44 @@ def test_a_resumed_run_lifts_the_same_values():
     runs = [ctx.compile(bounds, [out], backend="numpy", passes=p).run(origin={t: 1})
             for p in (None, UNLIFTED)]
     np.testing.assert_allclose(np.asarray(runs[0][out]), np.asarray(runs[1][out]), rtol=1e-6)
+
+
+def _linear(x, t, T, forward: bool, first=None):
+    """``a[t] = d[t] + c[t] * a[t+1]`` from ``a[T-1] = d[T-1]`` (GAE's form; ``forward``:
+    ``a[t-1]`` from ``a[0]``), with ``c`` and ``d`` computed at each step."""
+    c, d = (x * 0.5).sigmoid(), x * 2.0 - 1.0
+    a = tp.placeholder(shape=(3,), dtype="float32", domain=x.domain)
+    a[t == 0 if forward else t == T - 1] = d if first is None else first
+    a[True] = d + c * a[(*x.domain[:-1], t - 1 if forward else t + 1)]
+    return a
+
+
+@pytest.mark.parametrize("dims", [("t",), ("i", "t")])
+@pytest.mark.parametrize("forward", [False, True])
+def test_a_linear_recurrence_becomes_one_op(forward, dims, check):
+    """GAE's recurrence (and its forward form) becomes one ``linear_recurrence`` over the
+    steps: no merge, no step loop, the reference evaluator's values on both backends."""
+    ctx, bounds, y, out = _program(dims, lambda x, t, T: _linear(x, t, T, forward))
+    graph = _optimized(ctx, bounds, out)
+    assert [op.kind for op in graph.ops.values()].count("linear_recurrence") == 1
+    assert not any(op.kind == "merge" for op in graph.ops.values())
+    for backend in ("numpy", "jax"):
+        check(ctx, bounds, [out], None, backend)
+
+
+@pytest.mark.parametrize("variant", ["constant coefficient", "other last value", "needed at one step"])
+def test_other_linear_recurrences_are_left_alone(variant, check):
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(XS)[i, t] * 2.0
+        if variant == "constant coefficient":
+            y = tp.placeholder(shape=(3,), dtype="float32", domain=(i, t))
+            y[t == T - 1] = x
+            y[True] = x + 0.9 * y[i, t + 1]
+        else:
+            y = _linear(x, t, T, False, first=x * 3.0 if variant == "other last value" else None)
+        out = y[i, 2] if variant == "needed at one step" else y[i, 0:T]
+    bounds = {I: 2, T: T_VALUE}
+    assert not any(op.kind == "linear_recurrence" for op in _optimized(ctx, bounds, out).ops.values())
+    check(ctx, bounds, [out], None)
