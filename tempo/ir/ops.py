@@ -285,27 +285,31 @@ register("cumsum", _infer_scan, lambda xp, p, x: xp.cumsum(x, axis=p["dim"]).ast
 
 
 def _infer_linear_recurrence(c: TensorType, d: TensorType, dim: int, forward: bool) -> tuple[TensorType]:
-    if len(c.shape) != len(d.shape) or not all(same_dim(a, b) for a, b in zip(c.shape, d.shape)):
-        raise ShapeError(f"a linear recurrence's coefficients {_fmt(c.shape)} and terms "
-                         f"{_fmt(d.shape)} differ in shape")
-    normalize_dim(dim, d.ndim)
+    at = normalize_dim(dim, d.ndim)
+    if c.dtype != d.dtype or len(c.shape) != len(d.shape) or not all(
+            same_dim(a, b) for k, (a, b) in enumerate(zip(c.shape, d.shape)) if k != at):
+        raise ShapeError(f"a linear recurrence's coefficients {c.dtype}{_fmt(c.shape)} and terms "
+                         f"{d.dtype}{_fmt(d.shape)} differ but along dim {dim}")
     return (d,)
 
 
 def _linear_recurrence(xp: Any, p: dict, c: Any, d: Any) -> Any:
-    """``x[k] = d[k] + c[k] * x[k + 1]`` along ``dim``, from ``x[last] = d[last]`` (with
-    ``forward``: ``x[k] = d[k] + c[k] * x[k - 1]`` from ``x[0] = d[0]``), in log2 of the
-    length doubling steps (each row composes the next ``2^r`` rows' affine maps) of array
+    """``x[k] = d[k] + c[k] * x[k + 1]`` along ``dim``, from ``x[last] = d[last]``, with
+    ``c`` holding the first ``n - 1`` rows' coefficients (``forward``: ``x[k] = d[k] +
+    c[k - 1] * x[k - 1]`` from ``x[0] = d[0]``, ``c`` the last ``n - 1`` rows'), in log2
+    ``n`` doubling steps (each row composes the next ``2^r`` rows' affine maps) of array
     operations alone: the same arithmetic on every backend, and no sequential loop."""
     dim = p["dim"] % d.ndim
     x, a = xp.moveaxis(d, dim, 0), xp.moveaxis(c, dim, 0)
     if p["forward"]:
         x, a = x[::-1], a[::-1]
     n, s = x.shape[0], 1
+    a = xp.concatenate([a, xp.zeros((n - a.shape[0], *x.shape[1:]), x.dtype)])
     while s < n:
         pad = xp.zeros((s, *x.shape[1:]), x.dtype)
         x = x + a * xp.concatenate([x[s:], pad])
-        a = a * xp.concatenate([a[s:], pad])
+        if 2 * s < n:
+            a = a * xp.concatenate([a[s:], pad])
         s *= 2
     if p["forward"]:
         x = x[::-1]

@@ -9,17 +9,21 @@ Three patterns over the program's innermost dim ``t`` (paper §4.1, Fig. 10):
   discounted returns with episode ends), or forward, ``a[t == 0] = d; a[True] = d + c *
   a[t-1]``, with ``c`` and ``d`` computed at each step.
 
-The first two are ``cumsum(x[0:T], 0)[t]``, the third ``linear_recurrence(c[0:T],
-d[0:T])[t]``: the pass adds one such op over the op's other dims, reading all of the
-steps, and the op becomes a ``take`` of row ``t`` of it (at an ``eval_symbol`` of ``t`` in
-the run's own coordinates), so its readers are untouched. The vectorization pass that
-follows turns those rows back into reads of the whole op where its readers are vectorized.
-The recurrence (``s[t-1] + x``) goes, and with it a sequential loop over ``t``: on JAX a
-``lax.scan`` whose steps an accelerator runs one by one from the host, where the linear
-recurrence takes ``log2 T`` array steps (``tempo.ir.ops._linear_recurrence``).
+The first two are ``cumsum(x[0:T], 0)[t]``, the third ``linear_recurrence(c[0:T-1],
+d[0:T])[t]`` (forward: ``c[1:T]``, the steps where the recursive branch reads ``c``): the
+pass adds one such op over the op's other dims, reading the steps, and the op becomes a
+``take`` of row ``t`` of it (at an ``eval_symbol`` of ``t`` in the run's own coordinates),
+so its readers are untouched. The vectorization pass that follows turns those rows back
+into reads of the whole op where its readers are vectorized. The recurrence (``s[t-1] +
+x``) goes, and with it a sequential loop over ``t``: on JAX a ``lax.scan`` whose steps an
+accelerator runs one by one from the host, where the linear recurrence takes ``log2 T``
+array steps (``tempo.ir.ops._linear_recurrence``).
 
 A pattern is lifted only when the op is needed at every ``t`` of each point of its other
-dims, so that every step of ``x`` the ``cumsum`` reads is one the program computes anyway.
+dims, so that every step the new op reads is one the program computes anyway; a forward
+linear recurrence not where the schedule keeps memory bounded (``PassState.bounded``: step
+by step it holds one step, the new op all of them). A recurrence whose coefficient or term
+reads its own value is not linear, and stays.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from tempo.passes.rewrite import (
     same_type,
     without_unreached,
 )
-from tempo.symbolic.expr import TRUE, Expr, Slice, Symbol, const
+from tempo.symbolic.expr import FALSE, TRUE, Expr, Slice, Symbol, const, linear_form
 
 if TYPE_CHECKING:
     from tempo.passes import PassState
@@ -49,11 +53,13 @@ if TYPE_CHECKING:
 
 def lift_recurrences(graph: SDG, state: PassState) -> SDG:
     """``graph`` with each running or prefix sum over the innermost dim computed by one
-    ``cumsum``; ``state.needed`` is recomputed for the new graph."""
+    ``cumsum`` and each linear recurrence by one ``linear_recurrence`` (a forward one not
+    where the schedule keeps memory bounded, ``PassState.bounded``); ``state.needed`` is
+    recomputed for the new graph."""
     dim = list(state.bound_of)[-1] if state.bound_of else None
     size = state.bounds.get(state.bound_of[dim]) if dim is not None else None
     if size is None:  # the program does not use the dim
-        state.notes.append("lift: 0 sums lifted")
+        state.notes.append("lift: nothing lifted")
         return graph
     needed = needed_by_op(state.needed, graph.ops)
     poly = Polyhedral(graph, state.bounds, state.bound_of)
@@ -65,10 +71,12 @@ def lift_recurrences(graph: SDG, state: PassState) -> SDG:
         summed = _running_sum(graph, op, dim) or _prefix_sum(graph, op, dim, state.bounds)
         found = Lifted("cumsum", (summed,), {"dim": 0}) if summed is not None else \
             _linear_recurrence(graph, op, dim, last)
+        if found is not None and found.params.get("forward") and state.bounded:
+            continue  # (step by step, a forward recurrence holds one step: the op holds them all)
         if found is not None and needed_at_every_step(poly, op, dim, needed[op.id]):
             lifted[op.id] = found
     if not lifted:
-        state.notes.append("lift: 0 sums lifted")
+        state.notes.append("lift: nothing lifted")
         return graph
     out = _rebuild(graph, lifted, dim, size, state)
     state.needed = recomputed_needed(out, state)
@@ -113,30 +121,33 @@ def _running_sum(graph: SDG, op: Op, dim: Symbol) -> Edge | None:
                 and all(a is b for a, b in zip(carried.phi, previous))
                 and _plain_read(fresh, dim) and fresh.src is first.src
                 and fresh.src_out == first.src_out
-                and same_type(add, 0, op, 0) and same_type(op, 0, fresh.src, fresh.src_out)):
+                and same_type(add, 0, op, 0) and same_type(op, 0, fresh.src, fresh.src_out)
+                and not _depends_on(graph, [fresh.src], op, dim)):
             return fresh
     return None
 
 
 def _linear_recurrence(graph: SDG, op: Op, dim: Symbol, last: Expr) -> Lifted | None:
     """``a[t == T-1] = d; a[True] = d + c * a[t+1]`` (or forward: ``t == 0``, ``a[t-1]``),
-    with ``c``, ``d`` and ``a`` of one type (else None)."""
+    with ``c``, ``d`` and ``a`` of one type and neither ``c`` nor ``d`` depending on ``a``
+    (else None). ``c`` is read at the steps the recursive branch runs at only."""
     if op.kind != "merge" or len(graph.in_edges(op)) != 2:
         return None
     first, step = graph.in_edges(op)
     forward = first.cond is (dim == 0)
     if not _plain_read(first, dim, first.cond if forward else last) or not _plain_read(step, dim) \
-            or not _one_step(step.src, op):
+            or not _one_step(step.src, op, "add"):
         return None
     neighbour = tuple(d + (-1 if forward else 1) if d is dim else d for d in op.domain)
     for term, product in _either_order(graph.in_edges(step.src)):
         same_term = term.src is first.src and term.src_out == first.src_out and _plain_read(term, dim)
-        if not same_term or product.src.kind != "mul" or not _plain_read(product, dim) \
-                or not _one_step(product.src, op):
+        if not same_term or not _plain_read(product, dim) or not _one_step(product.src, op, "mul"):
             continue
         for coefficient, carried in _either_order(graph.in_edges(product.src)):
             if _reads_at(carried, op, neighbour) and _plain_read(coefficient, dim) \
-                    and same_type(op, 0, coefficient.src, coefficient.src_out):
+                    and same_type(op, 0, coefficient.src, coefficient.src_out) \
+                    and same_type(op, 0, term.src, term.src_out) \
+                    and not _depends_on(graph, [coefficient.src, term.src], op, dim):
                 return Lifted("linear_recurrence", (coefficient, term), {"dim": 0, "forward": forward})
     return None
 
@@ -146,10 +157,75 @@ def _reads_at(edge: Edge, op: Op, index: tuple[Expr, ...]) -> bool:
     return edge.src is op and edge.cond is TRUE and all(a is b for a, b in zip(edge.phi, index))
 
 
-def _one_step(op: Op, merge: Op) -> bool:
-    """An op of the merge's type at each of its points, computed wherever it is needed."""
-    return op.kind in ("add", "mul") and op.when is TRUE and not op.requires and op.domain == merge.domain \
+def _one_step(op: Op, merge: Op, kind: str) -> bool:
+    """An op of ``kind`` and of the merge's type at each of its points, computed wherever
+    it is needed."""
+    return op.kind == kind and op.when is TRUE and not op.requires and op.domain == merge.domain \
         and same_type(op, 0, merge, 0)
+
+
+def _depends_on(graph: SDG, ops: list[Op], target: Op, dim: Symbol) -> bool:
+    """Whether any of ``ops`` reads ``target`` at a point of the same recurrence, through
+    any chain of reads (a recurrence whose coefficient or term reads its own value is not
+    linear). A chain that reads a strictly earlier coordinate of the first of ``target``'s
+    other dims does not count, and at a placeholder read at fixed coordinates only the
+    branches that can be taken there are followed: PPO's advantages at iteration ``i``
+    feed the update whose weights at ``(i + 1, 0)``, read by the rollout, come from the
+    last update of iteration ``i``."""
+    outer = next((d for d in target.domain if d is not dim), None)
+    stack: list[tuple[Op, str, tuple]] = [(op, "same", ()) for op in ops]
+    seen = set()
+    while stack:
+        op, where, fixed = stack.pop()
+        if op is target and where != "earlier":
+            return True
+        if (op.id, where, fixed) in seen or op is target:
+            continue
+        seen.add((op.id, where, fixed))
+        known = dict(fixed)
+        stack.extend((edge.src, _along(edge, outer, where), _fixed_coordinates(edge, known))
+                     for edge in _taken_branches(graph, op, known))
+    return False
+
+
+def _taken_branches(graph: SDG, op: Op, known: dict[Symbol, int]) -> list[Edge]:
+    """``op``'s inputs; a placeholder's only up to the first branch certain to be taken
+    at the ``known`` coordinates, without those certain not to be."""
+    if op.kind != "merge":
+        return graph.in_edges(op)
+    taken = []
+    for edge in graph.in_edges(op):
+        cond = edge.cond.substitute(known) if known else edge.cond
+        if cond is not FALSE:
+            taken.append(edge)
+        if cond is TRUE:
+            break
+    return taken
+
+
+def _fixed_coordinates(edge: Edge, known: dict[Symbol, int]) -> tuple:
+    """The coordinates of ``edge``'s source that its read fixes, given the sink's
+    ``known`` ones (``w[i, 0]``: ``u = 0``)."""
+    fixed = []
+    for d, entry in zip(edge.src.domain, edge.phi):
+        if not isinstance(entry, Slice):
+            value = entry.substitute(known) if known else entry
+            if value.is_const:
+                fixed.append((d, value.value))
+    return tuple(sorted(fixed, key=lambda item: item[0].name))
+
+
+def _along(edge: Edge, dim: Symbol | None, where: str) -> str:
+    """Where a chain of reads that was ``where`` (``"same"``, ``"earlier"``, ``"unknown"``)
+    along ``dim`` is once it reads ``edge``'s source: a strictly earlier coordinate
+    (``x[i-1]``) makes it earlier, the same one keeps it, anything else loses track."""
+    if where == "unknown" or dim is None or dim not in edge.src.domain or dim not in edge.sink.domain:
+        return "unknown"
+    entry = edge.phi[edge.src.domain.index(dim)]
+    if entry is dim:
+        return where
+    form = None if isinstance(entry, Slice) else linear_form(entry - dim)
+    return "earlier" if form is not None and not form[0] and form[1] < 0 else "unknown"
 
 
 def _either_order(edges: list[Edge]) -> list[tuple[Edge, Edge]]:
@@ -189,8 +265,11 @@ def _rebuild(graph: SDG, lifted: dict[int, Lifted], dim: Symbol, size: int,
             continue
         found = lifted[op.id]
         rest = tuple(d for d in op.domain if d is not dim)
-        reads = [Edge(op, k, read.src, read.src_out, _whole(read, dim, size))
-                 for k, read in enumerate(found.reads)]
+        steps = [(0, size)] * len(found.reads)
+        if found.kind == "linear_recurrence":  # (its coefficients where the recursive branch runs)
+            steps[0] = (1, size) if found.params["forward"] else (0, size - 1)
+        reads = [Edge(op, k, read.src, read.src_out, _steps(read, dim, *span))
+                 for k, (read, span) in enumerate(zip(found.reads, steps))]
         t = found.reads[-1].src.outputs[found.reads[-1].src_out]
         whole = add_with_inputs(out, Op(state.next_id, found.kind, found.params, rest,
                                         (TensorType((const(size), *t.shape), t.dtype),), op.site,
@@ -202,7 +281,7 @@ def _rebuild(graph: SDG, lifted: dict[int, Lifted], dim: Symbol, size: int,
     return without_unreached(out, state.keep)
 
 
-def _whole(read: Edge, dim: Symbol, size: int) -> tuple:
-    """``read``'s index with every step of ``dim``."""
+def _steps(read: Edge, dim: Symbol, start: int, stop: int) -> tuple:
+    """``read``'s index with the steps ``start:stop`` of ``dim``."""
     at = read.src.domain.index(dim)
-    return tuple(Slice(const(0), const(size)) if k == at else e for k, e in enumerate(read.phi))
+    return tuple(Slice(const(start), const(stop)) if k == at else e for k, e in enumerate(read.phi))

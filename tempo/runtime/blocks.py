@@ -69,10 +69,10 @@ ms at 1,024 rows). Greedy decoding (small config, causal, one kernel per positio
 1,386, 1,035 / 1,138; batch 8 at 2K 3,847 / 3,987 at 1/3, 4,477 / 4,453 at 0.6."""
 
 
-ORDERED_KINDS = frozenset({"cumsum", "discounted_sum", "arange", "window"})
+ORDERED_KINDS = frozenset({"cumsum", "discounted_sum", "linear_recurrence", "arange", "window"})
 """Ops whose values depend on the order of a padded axis's rows (``tempo.passes.tile``
-lets one through: a cumulative or discounted sum along it, an ``arange`` of its length, a
-padded slice): a kernel holding one reads its rows in the points' order."""
+lets one through: a cumulative or discounted sum or a linear recurrence along it, an
+``arange`` of its length, a padded slice): a kernel holding one reads its rows in the points' order."""
 
 
 def _kinds(op: Op) -> set[str]:

@@ -129,3 +129,61 @@ def test_other_linear_recurrences_are_left_alone(variant, check):
     bounds = {I: 2, T: T_VALUE}
     assert not any(op.kind == "linear_recurrence" for op in _optimized(ctx, bounds, out).ops.values())
     check(ctx, bounds, [out], None)
+
+
+def test_a_coefficient_read_ahead_is_read_where_the_recursion_runs(check):
+    """``c`` at ``t`` may read ``x[t+1]`` (an episode end one step on): the recursive
+    branch runs below ``T-1`` only, so the lifted op reads ``c[0:T-1]``, the steps the
+    program computes, and no step past the end."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(XS)[i, t] * 2.0
+        c = (x[i, t + 1] * 0.5).sigmoid()
+        a = tp.placeholder(shape=(3,), dtype="float32", domain=(i, t))
+        a[t == T - 1] = x
+        a[True] = x + c * a[i, t + 1]
+        out = a[i, 0:T]
+    bounds = {I: 2, T: T_VALUE}
+    names = [name for name, _ in PIPELINE]
+    graph = ctx.compile(bounds, [out], backend="numpy", passes=names[:names.index("lift") + 1]).graph
+    (lifted,) = [op for op in graph.ops.values() if op.kind == "linear_recurrence"]
+    coefficients, terms = graph.in_edges(lifted)
+    assert (coefficients.phi[-1].start.value, coefficients.phi[-1].stop.value) == (0, T_VALUE - 1)
+    assert (terms.phi[-1].start.value, terms.phi[-1].stop.value) == (0, T_VALUE)
+    for backend in ("numpy", "jax"):
+        check(ctx, bounds, [out], None, backend)
+
+
+@pytest.mark.parametrize("variant", ["a product of the terms", "a coefficient of the value"])
+def test_recurrences_that_are_not_linear_stay(variant, check):
+    """``a = d * (c * a[t+1])`` and ``a = d + tanh(a[t+1]) * a[t+1]`` have the pattern's
+    ops but are not linear recurrences: they stay, with their values."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(XS)[i, t] * 0.5
+        a = tp.placeholder(shape=(3,), dtype="float32", domain=(i, t))
+        a[t == T - 1] = x
+        if variant == "a product of the terms":
+            a[True] = x * ((x * 0.5).sigmoid() * a[i, t + 1])
+        else:
+            a[True] = x + a[i, t + 1].tanh() * a[i, t + 1]
+        out = a[i, 0:T]
+    bounds = {I: 2, T: T_VALUE}
+    exe = ctx.compile(bounds, [out], backend="numpy")
+    assert not any("undone" in n for n in exe.report.notes)
+    assert not any(op.kind == "linear_recurrence" for op in _optimized(ctx, bounds, out).ops.values())
+    check(ctx, bounds, [out], None)
+
+
+def test_a_forward_recurrence_stays_where_the_schedule_keeps_memory_bounded():
+    """Step by step a forward recurrence holds one step; lifted, all of them: the
+    incremental schedule (``PassState.bounded``) keeps it, GAE's backward form (which
+    needs the whole rollout anyway) is lifted there too."""
+    for forward in (True, False):
+        ctx, bounds, y, out = _program(("i", "t"), lambda x, t, T, f=forward: _linear(x, t, T, f))
+        exe = ctx.compile(bounds, [out], backend="numpy", memory=tp.MemoryPolicy(schedule="incremental"))
+        kinds = {m.kind for op in exe.graph.ops.values()
+                 for m in (op.params["members"] if op.kind == "fused" else [op])}
+        assert ("linear_recurrence" in kinds) is not forward
