@@ -120,3 +120,23 @@ def test_each_epoch_shuffles_the_whole_rollout_anew(run):
             assert sorted(epoch.tolist()) == list(range(batch))
         assert not np.array_equal(epochs[0], epochs[1])
     assert not np.array_equal(index[0], index[1])
+
+
+def test_gae_lifted_to_one_op_trains_as_the_stepwise_one():
+    """Where the advantages are not an output, the lift pass makes GAE one
+    ``linear_recurrence`` over the steps (no step loop); the parameters it trains are those
+    of the same program with GAE step by step (the advantages an output, which the test
+    above checks against the reference)."""
+    trained = []
+    for keep_advantages in (True, False):
+        program = ppo.build(GymnasiumEnv("CartPole-v1", num_envs=ENVS, seed=3), CFG, seed=5)
+        params = program.optimizer.params
+        outputs = [program.values["advantage"], *params] if keep_advantages else params
+        exe = program.ctx.compile(program.bounds(ITERATIONS, CFG.num_steps), outputs=outputs, backend="numpy")
+        kinds = {m.kind for op in exe.graph.ops.values()
+                 for m in (op.params["members"] if op.kind == "fused" else [op])}
+        assert ("linear_recurrence" in kinds) is not keep_advantages
+        res = exe.run()
+        trained.append([res[p] for p in params])
+    for stepwise, lifted in zip(*trained):
+        np.testing.assert_allclose(lifted, stepwise, rtol=1e-4, atol=1e-5)
