@@ -295,16 +295,17 @@ def _infer_linear_recurrence(c: TensorType, d: TensorType, dim: int, forward: bo
 
 def _linear_recurrence(xp: Any, p: dict, c: Any, d: Any) -> Any:
     """``x[k] = d[k] + c[k] * x[k + 1]`` along ``dim``, from ``x[last] = d[last]``, with
-    ``c`` holding the first ``n - 1`` rows' coefficients (``forward``: ``x[k] = d[k] +
-    c[k - 1] * x[k - 1]`` from ``x[0] = d[0]``, ``c`` the last ``n - 1`` rows'), in log2
-    ``n`` doubling steps (each row composes the next ``2^r`` rows' affine maps) of array
-    operations alone: the same arithmetic on every backend, and no sequential loop."""
+    ``c`` holding the first ``n - 1`` rows' coefficients or all ``n`` (the last unused)
+    (``forward``: ``x[k] = d[k] + c[k] * x[k - 1]`` from ``x[0] = d[0]``, ``c`` the last
+    ``n - 1`` rows' or all, the first unused), in log2 ``n`` doubling steps (each row
+    composes the next ``2^r`` rows' affine maps) of array operations alone: the same
+    arithmetic on every backend, and no sequential loop."""
     dim = p["dim"] % d.ndim
     x, a = xp.moveaxis(d, dim, 0), xp.moveaxis(c, dim, 0)
     if p["forward"]:
         x, a = x[::-1], a[::-1]
     n, s = x.shape[0], 1
-    a = xp.concatenate([a, xp.zeros((n - a.shape[0], *x.shape[1:]), x.dtype)])
+    a = xp.concatenate([a[:n - 1], xp.zeros((1, *x.shape[1:]), x.dtype)])  # (an unused row: 0, not inf)
     while s < n:
         pad = xp.zeros((s, *x.shape[1:]), x.dtype)
         x = x + a * xp.concatenate([x[s:], pad])

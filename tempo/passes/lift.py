@@ -28,6 +28,7 @@ reads its own value is not linear, and stays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,12 +66,24 @@ def lift_recurrences(graph: SDG, state: PassState) -> SDG:
     poly = Polyhedral(graph, state.bounds, state.bound_of)
     lifted: dict[int, Lifted] = {}
     last = dim == state.bound_of[dim] - 1
+    computed: dict[int, bool] = {}
+
+    def everywhere(op: Op) -> bool:
+        """Whether ``op`` is, or can be, computed at every step of ``dim`` reading only
+        points the program computes (a device op whose reads of ``dim`` are at its own
+        step, of ops computed at every step)."""
+        if op.id not in computed:
+            computed[op.id] = op.id in needed and needed_at_every_step(poly, op, dim, needed[op.id]) \
+                or not op.definition.host and op.kind != "merge" and all(
+                    dim not in e.src.domain or e.phi[e.src.domain.index(dim)] is dim and everywhere(e.src)
+                    for e in graph.in_edges(op))
+        return computed[op.id]
     for op in graph.ops.values():
         if op.id in state.keep or op.id not in needed or dim not in op.domain or op.when is not TRUE:
             continue
         summed = _running_sum(graph, op, dim) or _prefix_sum(graph, op, dim, state.bounds)
         found = Lifted("cumsum", (summed,), {"dim": 0}) if summed is not None else \
-            _linear_recurrence(graph, op, dim, last)
+            _linear_recurrence(graph, op, dim, last, everywhere)
         if found is not None and found.params.get("forward") and state.bounded:
             continue  # (step by step, a forward recurrence holds one step: the op holds them all)
         if found is not None and needed_at_every_step(poly, op, dim, needed[op.id]):
@@ -89,11 +102,12 @@ def lift_recurrences(graph: SDG, state: PassState) -> SDG:
 @dataclass(frozen=True)
 class Lifted:
     """The op a pattern becomes (rows of it): its kind, the reads of its inputs at the
-    pattern's point, its params."""
+    pattern's point, its params, and per read the steps it reads (all where None)."""
 
     kind: str
     reads: tuple[Edge, ...]
     params: dict
+    steps: tuple[tuple[int, int] | None, ...] = ()
 
 
 def _plain_read(edge: Edge, dim: Symbol, cond: object = TRUE) -> bool:
@@ -127,7 +141,8 @@ def _running_sum(graph: SDG, op: Op, dim: Symbol) -> Edge | None:
     return None
 
 
-def _linear_recurrence(graph: SDG, op: Op, dim: Symbol, last: Expr) -> Lifted | None:
+def _linear_recurrence(graph: SDG, op: Op, dim: Symbol, last: Expr,
+                       everywhere: Callable[[Op], bool]) -> Lifted | None:
     """``a[t == T-1] = d; a[True] = d + c * a[t+1]`` (or forward: ``t == 0``, ``a[t-1]``),
     with ``c``, ``d`` and ``a`` of one type and neither ``c`` nor ``d`` depending on ``a``
     (else None). ``c`` is read at the steps the recursive branch runs at only."""
@@ -148,7 +163,12 @@ def _linear_recurrence(graph: SDG, op: Op, dim: Symbol, last: Expr) -> Lifted | 
                     and same_type(op, 0, coefficient.src, coefficient.src_out) \
                     and same_type(op, 0, term.src, term.src_out) \
                     and not _depends_on(graph, [coefficient.src, term.src], op, dim):
-                return Lifted("linear_recurrence", (coefficient, term), {"dim": 0, "forward": forward})
+                # The coefficient at the first branch's step is never used: read there only
+                # where it is computed there anyway or can be from computed points.
+                boundary = (1, None) if forward else (0, -1)
+                steps = None if everywhere(coefficient.src) else boundary
+                return Lifted("linear_recurrence", (coefficient, term), {"dim": 0, "forward": forward},
+                              (steps, None))
     return None
 
 
@@ -265,11 +285,9 @@ def _rebuild(graph: SDG, lifted: dict[int, Lifted], dim: Symbol, size: int,
             continue
         found = lifted[op.id]
         rest = tuple(d for d in op.domain if d is not dim)
-        steps = [(0, size)] * len(found.reads)
-        if found.kind == "linear_recurrence":  # (its coefficients where the recursive branch runs)
-            steps[0] = (1, size) if found.params["forward"] else (0, size - 1)
-        reads = [Edge(op, k, read.src, read.src_out, _steps(read, dim, *span))
-                 for k, (read, span) in enumerate(zip(found.reads, steps))]
+        spans = found.steps or (None,) * len(found.reads)
+        reads = [Edge(op, k, read.src, read.src_out, _steps(read, dim, *_span(span, size)))
+                 for k, (read, span) in enumerate(zip(found.reads, spans))]
         t = found.reads[-1].src.outputs[found.reads[-1].src_out]
         whole = add_with_inputs(out, Op(state.next_id, found.kind, found.params, rest,
                                         (TensorType((const(size), *t.shape), t.dtype),), op.site,
@@ -279,6 +297,15 @@ def _rebuild(graph: SDG, lifted: dict[int, Lifted], dim: Symbol, size: int,
         row = Op(op.id, "take", {"dim": 0}, op.domain, op.outputs, op.site, op.label)
         add_with_inputs(out, row, [Edge(row, 0, whole, 0, rest), Edge(row, 1, index, 0, (dim,))])
     return without_unreached(out, state.keep)
+
+
+def _span(span: tuple[int, int | None] | None, size: int) -> tuple[int, int]:
+    """``(start, stop)`` of ``size`` steps: all of them where ``span`` is None; a ``stop``
+    of None is the end, a negative one counts from it."""
+    if span is None:
+        return 0, size
+    start, stop = span
+    return start, size if stop is None else stop % size if stop < 0 else stop
 
 
 def _steps(read: Edge, dim: Symbol, start: int, stop: int) -> tuple:
