@@ -9,18 +9,20 @@ Three patterns over the program's innermost dim ``t`` (paper §4.1, Fig. 10):
   discounted returns with episode ends), or forward, ``a[t == 0] = d; a[True] = d + c *
   a[t-1]``, with ``c`` and ``d`` computed at each step.
 
-The first two are ``cumsum(x[0:T], 0)[t]``, the third ``linear_recurrence(c[0:T-1],
-d[0:T])[t]`` (forward: ``c[1:T]``, the steps where the recursive branch reads ``c``): the
-pass adds one such op over the op's other dims, reading the steps, and the op becomes a
-``take`` of row ``t`` of it (at an ``eval_symbol`` of ``t`` in the run's own coordinates),
-so its readers are untouched. The vectorization pass that follows turns those rows back
-into reads of the whole op where its readers are vectorized. The recurrence (``s[t-1] +
-x``) goes, and with it a sequential loop over ``t``: on JAX a ``lax.scan`` whose steps an
-accelerator runs one by one from the host, where the linear recurrence takes ``log2 T``
-array steps (``tempo.ir.ops._linear_recurrence``).
+The first two are ``cumsum(x[0:T], 0)[t]``, the third ``linear_recurrence(c[0:T],
+d[0:T])[t]`` (``c``'s row at the first branch's step unused: ``c[0:T-1]``, forward
+``c[1:T]``, where computing it there would read another step): the pass adds one such op
+over the op's other dims, reading the steps, and the op becomes a ``take`` of row ``t`` of
+it (at an ``eval_symbol`` of ``t`` in the run's own coordinates), so its readers are
+untouched. The vectorization pass that follows turns those rows back into reads of the
+whole op where its readers are vectorized. The recurrence (``s[t-1] + x``) goes, and with
+it a sequential loop over ``t``: on JAX a ``lax.scan`` whose steps an accelerator runs one
+by one from the host, where the linear recurrence takes ``log2 T`` array steps
+(``tempo.ir.ops._linear_recurrence``).
 
 A pattern is lifted only when the op is needed at every ``t`` of each point of its other
-dims, so that every step the new op reads is one the program computes anyway; a forward
+dims, so that every step the new op reads is one the program computes anyway (a
+coefficient's unused row aside, computed from points it computes); a forward
 linear recurrence not where the schedule keeps memory bounded (``PassState.bounded``: step
 by step it holds one step, the new op all of them). A recurrence whose coefficient or term
 reads its own value is not linear, and stays.
