@@ -109,7 +109,7 @@ class Lifted:
     kind: str
     reads: tuple[Edge, ...]
     params: dict
-    steps: tuple[tuple[int, int] | None, ...] = ()
+    steps: tuple[tuple[int, int | None] | None, ...] = ()
 
 
 def _plain_read(edge: Edge, dim: Symbol, cond: object = TRUE) -> bool:
@@ -120,25 +120,17 @@ def _plain_read(edge: Edge, dim: Symbol, cond: object = TRUE) -> bool:
 
 def _running_sum(graph: SDG, op: Op, dim: Symbol) -> Edge | None:
     """``s[t == 0] = x; s[True] = s[t-1] + x``: the read of ``x`` (else None)."""
-    if op.kind != "merge":
+    if op.kind != "merge" or len(graph.in_edges(op)) != 2:
         return None
-    branches = graph.in_edges(op)
-    if len(branches) != 2:
-        return None
-    first, step = branches
-    add = step.src
-    if not _plain_read(first, dim, dim == 0) or not _plain_read(step, dim) or add.kind != "add" \
-            or add.when is not TRUE or add.requires or add.domain != op.domain:
+    first, step = graph.in_edges(op)
+    if not _plain_read(first, dim, dim == 0) or not _plain_read(step, dim) \
+            or not _one_step(step.src, op, "add"):
         return None
     previous = tuple(d - 1 if d is dim else d for d in op.domain)
-    reads = graph.in_edges(add)
-    for carried, fresh in ((reads[0], reads[1]), (reads[1], reads[0])):
-        if (carried.src is op and carried.cond is TRUE
-                and all(a is b for a, b in zip(carried.phi, previous))
-                and _plain_read(fresh, dim) and fresh.src is first.src
-                and fresh.src_out == first.src_out
-                and same_type(add, 0, op, 0) and same_type(op, 0, fresh.src, fresh.src_out)
-                and not _depends_on(graph, [fresh.src], op, dim)):
+    for carried, fresh in _either_order(graph.in_edges(step.src)):
+        if _reads_at(carried, op, previous) and _plain_read(fresh, dim) and fresh.src is first.src \
+                and fresh.src_out == first.src_out and same_type(op, 0, fresh.src, fresh.src_out) \
+                and not _depends_on(graph, [fresh.src], op, dim):
             return fresh
     return None
 
