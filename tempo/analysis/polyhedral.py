@@ -425,6 +425,8 @@ def _step(was: isl.UnionSet, now: isl.UnionSet) -> tuple[int, ...] | None:
     if was.n_set() != 1 or now.n_set() != 1:
         return None
     before, after = isl.Set.from_union_set(was), isl.Set.from_union_set(now)
+    if before.dim(isl.dim_type.param) == 0 and after.dim(isl.dim_type.param) == 0:
+        return _concrete_step(was, now, before, after)
     for first_was, first_now in ((before.lexmin(), after.lexmin()), (before.lexmax(), after.lexmax())):
         deltas = isl.Map.from_domain_and_range(first_was, first_now).deltas()
         point = deltas.sample_point()
@@ -435,6 +437,31 @@ def _step(was: isl.UnionSet, now: isl.UnionSet) -> tuple[int, ...] | None:
         if any(step) and isl.UnionSet.from_set(deltas).is_subset(
                 union_set(f"{{ {name}[{', '.join(map(str, step))}] }}")) \
                 and now.is_subset(was.apply(_ray(name, step, once=True))):
+            return step
+    return None
+
+
+def _concrete_step(was: isl.UnionSet, now: isl.UnionSet, before: isl.Set, after: isl.Set
+                   ) -> tuple[int, ...] | None:
+    """``_step`` for points without parameters: a candidate step (first to first, last to
+    last) is tried only where it keeps ``now`` between the moved first and last points of
+    ``was`` (a translate keeps lexicographic order), which rules out most candidates of a
+    sweep (a growing chain's new slab, larger than the last one) without isl's subset test."""
+    if before.is_empty() or after.is_empty():
+        return None
+    first_was, first_now = _coords(before.lexmin().sample_point()), _coords(after.lexmin().sample_point())
+    last_was, last_now = _coords(before.lexmax().sample_point()), _coords(after.lexmax().sample_point())
+    name = before.get_tuple_name()
+    tried: set[tuple[int, ...]] = set()
+    for step in (tuple(b - a for a, b in zip(first_was, first_now)),
+                 tuple(b - a for a, b in zip(last_was, last_now))):
+        if not any(step) or step in tried:
+            continue
+        tried.add(step)
+        if first_now < [a + d for a, d in zip(first_was, step)] or \
+                last_now > [a + d for a, d in zip(last_was, step)]:
+            continue  # (lists compare lexicographically)
+        if now.is_subset(was.apply(_ray(name, step, once=True))):
             return step
     return None
 
