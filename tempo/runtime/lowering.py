@@ -86,7 +86,7 @@ from tempo.runtime.plan import LoopPlanner, Plan, Slot, point_op, tuples
 from tempo.runtime.stores import BlockStore, BufferShape, WindowStore, grown_buffers
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
-from tempo.symbolic.expr import Expr, Symbol, compile_vectorized
+from tempo.symbolic.expr import Expr, Slice, Symbol, compile_vectorized
 
 if TYPE_CHECKING:
     from tempo.runtime.backends import JaxBackend
@@ -195,11 +195,12 @@ def peeled_iterations_back(root: ast.Node, statements: dict[str, Statement], gra
     for frees that run later. ``lower_loops`` takes this program; the interpreted one is
     it too, so that the memory prediction walks those frees where the runs do."""
     lowerable = _lowerability(statements, graph, bounds, nests)
+    held = _held_bytes(graph, bounds)
 
     def visit(node: ast.Node) -> ast.Node:
         if isinstance(node, ast.Seq):
             return ast.Seq(tuple(visit(c) for c in _with_peeled_iterations(_flat(node.body), lowerable,
-                                                                           statements)))
+                                                                           statements, held)))
         if isinstance(node, ast.If):
             orelse = visit(node.orelse) if node.orelse is not None else None
             return ast.If(node.cond, visit(node.then), orelse)
@@ -254,17 +255,31 @@ def _flat(body: tuple[ast.Node, ...]) -> tuple[ast.Node, ...]:
                  for item in (_flat(node.body) if isinstance(node, ast.Seq) else (node,)))
 
 
+MOVED_FREES_MAX_BYTES = 4 << 20
+"""The memory that guarded frees moved after a loop that computes the ops they free may
+keep waiting for it (``_with_peeled_iterations``): 4 MiB of points per loop. PPO's acting
+and update loops then take back their first iterations, the merges that start them from
+the iteration before (interpreted statements an iteration: 51 -> 18 at 8 envs x 64 steps,
+51 -> 15 at 512 x 250), keeping the last step's env state (18 KB at 512 envs) and the
+last update's outputs the next iteration starts from (73 KB for the 64-64 actor-critic)
+past the loop; a model of a million parameters keeps those frees where isl put them."""
+
+
 def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast.Loop], bool],
-                            statements: dict[str, Statement]) -> list[ast.Node]:
+                            statements: dict[str, Statement],
+                            held: Callable[[Statement], int | None]) -> list[ast.Node]:
     """``body`` with each lowerable innermost loop given back the iterations isl peeled
     off it into the statements around it (``nest.with_peeled_iterations``: a recurrence's
     first step, an update loop's last), where the loop stays lowerable with them: the
     peeled statements then run inside the loop's scan instead of as kernels of their own,
     each compiled a second time outside the scan (PPO's acting step and its update).
     Guarded frees among the statements before the loop (a value's last point, freed at
-    the last outer iteration) move after the loop and the statements after it where the
-    loop takes statements from before it and none of those it passes computes the freed
-    op: a free may run later."""
+    the last outer iteration; the previous outer iteration's last point, which the peeled
+    iteration read) move after the loop and the statements after it where the loop takes
+    statements from before it: a free may run later. Frees of an op that one of the
+    statements they pass computes (the loop itself, say) keep their points waiting while
+    it runs: those move only while the bytes they keep (``held``: a free statement's
+    points, None where they are rows of a block) total at most ``MOVED_FREES_MAX_BYTES``."""
     out = list(body)
     k = 0
     while k < len(out):
@@ -273,7 +288,7 @@ def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast
             stop = k + 1
             while stop < len(out) and isinstance(out[stop], ast.Stmt):
                 stop += 1
-            start = _run_before(out, k, stop, statements)
+            start = _run_before(out, k, stop, statements, held)
             before = [node for node in out[start:k] if isinstance(node, ast.Stmt)]
             deferred = [node for node in out[start:k] if not isinstance(node, ast.Stmt)]
             after = out[k + 1:stop]
@@ -292,30 +307,64 @@ def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast
     return out
 
 
-def _run_before(out: list[ast.Node], k: int, stop: int, statements: dict[str, Statement]) -> int:
+def _run_before(out: list[ast.Node], k: int, stop: int, statements: dict[str, Statement],
+                held: Callable[[Statement], int | None]) -> int:
     """Where the statements just before the loop ``out[k]`` begin: plain statements, and
-    guarded frees that may move after ``out[k:stop]`` (none of the statements they would
-    pass computes the op they free)."""
+    guarded frees that may move after ``out[k:stop]`` (see ``_with_peeled_iterations``)."""
     computed = {statements[s.name].op.id for node in out[k:stop] for s in ast.statements(node)
                 if statements[s.name].kind == "exec"}
+    room = MOVED_FREES_MAX_BYTES
     start = k
     while start:
         node = out[start - 1]
         if isinstance(node, ast.Stmt):
             if statements[node.name].kind == "exec":
                 computed.add(statements[node.name].op.id)
-        elif not (isinstance(node, ast.If) and node.orelse is None
-                  and _frees_only(node, statements, computed)):
-            break
+        else:
+            kept = _kept_waiting(node, statements, computed, held)
+            if kept is None or kept > room:
+                break
+            room -= kept
         start -= 1
     return start
 
 
-def _frees_only(node: ast.If, statements: dict[str, Statement], computed: set[int]) -> bool:
-    """Whether ``node`` holds only free statements, none of an op in ``computed``."""
-    items = ast.guarded_items(node.then)
-    return all(isinstance(item, ast.Stmt) and statements[item.name].kind == "free"
-               and statements[item.name].op.id not in computed for item, _ in items)
+def _kept_waiting(node: ast.Node, statements: dict[str, Statement], computed: set[int],
+                  held: Callable[[Statement], int | None]) -> int | None:
+    """The bytes that moving ``node``, a run of guarded frees, past statements computing
+    the ops in ``computed`` keeps waiting (its frees of those ops' points); None where
+    ``node`` is something else, or such a free's points are rows of a block."""
+    if not isinstance(node, ast.If) or node.orelse is not None:
+        return None
+    kept = 0
+    for item, _ in ast.guarded_items(node.then):
+        st = statements[item.name] if isinstance(item, ast.Stmt) else None
+        if st is None or st.kind != "free":
+            return None
+        if st.op.id in computed:
+            size = held(st)
+            if size is None:
+                return None
+            kept += size
+    return kept
+
+
+def _held_bytes(graph: SDG, bounds: dict[Symbol, int]) -> Callable[[Statement], int | None]:
+    """Per free statement, the bytes of one point of the outputs it frees; None where an
+    output's shape varies or a reader slices its innermost dim (its points are rows of a
+    block, which the free may release whole: ``executable._store_for``)."""
+    consumers = graph.consumers()
+
+    def held(st: Statement) -> int | None:
+        total = 0
+        for k in st.freed:
+            size = st.op.outputs[k].nbytes(bounds)
+            if size is None or any(e.src_out == k and e.phi and isinstance(e.phi[-1], Slice)
+                                   for e in consumers.get(st.op.id, ())):
+                return None
+            total += size
+        return total
+    return held
 
 
 def _lowerable(loop: ast.Loop, statements: dict[str, Statement], graph: SDG,

@@ -11,7 +11,7 @@ import tempo as tp
 from tempo.errors import SourceSite
 from tempo.ir.graph import Op
 from tempo.reference import evaluate
-from tempo.runtime.lowering import _flat, _with_peeled_iterations
+from tempo.runtime.lowering import MOVED_FREES_MAX_BYTES, _flat, _with_peeled_iterations
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
 
@@ -72,7 +72,7 @@ def test_peeled_iterations_go_back_into_a_lowerable_loop_where_it_stays_lowerabl
     for refused, outside in cases:
         def lowerable(candidate: ast.Loop, refused: tuple | None = refused) -> bool:
             return refused not in _interpreted(_loop(c0, 0, 1, candidate), {})
-        body = _with_peeled_iterations((*before, loop, *after), lowerable, _statements({}))
+        body = _with_peeled_iterations((*before, loop, *after), lowerable, _statements({}), _bytes(0))
         assert [n.name for n in body if isinstance(n, ast.Stmt)] == outside
         assert _interpreted(_loop(c0, 0, 1, *body), {}) == expected
 
@@ -86,32 +86,53 @@ def _statements(frees: dict[str, str]) -> dict[str, Statement]:
     return statements | {name: Statement("free", ops[freed]) for name, freed in frees.items()}
 
 
+def _bytes(size: int | None):
+    """Every free statement's points hold ``size`` bytes (None: rows of a block)."""
+    return lambda statement: size
+
+
 def test_guarded_frees_between_peeled_iterations_and_their_loop_move_after_it():
     """A free under a guard between a loop and its peeled first iteration (isl puts a
     value's last free there) would cut the peeled statements off: it moves after the loop
-    and the statements after it, where none of them computes the freed op; the loop then
-    takes its iteration back. Nested sequences (isl's) are spliced first."""
+    and the statements after it; the loop then takes its iteration back. Nested sequences
+    (isl's) are spliced first."""
     before, loop, after = _skewed_loop_with_peeled_iterations()
     guarded = ast.If(c0 >= 0, ast.Seq((_s("G"),)))
     body = (*before[:2], guarded, *before[2:], loop, *after)
     lowerable = lambda candidate: True  # noqa: E731
-    moved = _with_peeled_iterations(body, lowerable, _statements({"G": "A"}))
+    moved = _with_peeled_iterations(body, lowerable, _statements({"G": "A"}), _bytes(None))
     assert [n.name if isinstance(n, ast.Stmt) else type(n).__name__ for n in moved
             if not isinstance(n, ast.Loop)] == ["A", "E", "If"]
     expected = [i for i in _interpreted(_loop(c0, 0, 1, *body), {}) if i[0] != "G"] + [("G", ())]
     assert _interpreted(_loop(c0, 0, 1, *moved), {}) == expected
     nested = (before[0], ast.Seq((before[1], guarded, before[2])), loop, *after)
-    assert _with_peeled_iterations(_flat(nested), lowerable, _statements({"G": "A"})) == moved
-    # a free of an op the loop computes stays: only the statements after it go back
-    kept = _with_peeled_iterations(body, lowerable, _statements({"G": "S"}))
-    assert guarded in kept and _s("S", 0) in kept
-    assert _interpreted(_loop(c0, 0, 1, *kept), {}) == _interpreted(_loop(c0, 0, 1, *body), {})
+    assert _with_peeled_iterations(_flat(nested), lowerable, _statements({"G": "A"}), _bytes(None)) == moved
     # a loop that takes back only its last iteration leaves the free where it was
     def after_only(candidate: ast.Loop) -> bool:
         return ("S", (0,)) not in _interpreted(_loop(c0, 0, 1, candidate), {})
-    stays = _with_peeled_iterations(body, after_only, _statements({"G": "A"}))
+    stays = _with_peeled_iterations(body, after_only, _statements({"G": "A"}), _bytes(None))
     assert stays.index(guarded) < [type(n) for n in stays].index(ast.Loop)
     assert _interpreted(_loop(c0, 0, 1, *stays), {}) == _interpreted(_loop(c0, 0, 1, *body), {})
+
+
+def test_frees_of_an_op_the_loop_computes_move_while_they_keep_little_waiting():
+    """A free of a point of an op the loop computes (the iteration before's last step,
+    which the peeled first step read) keeps that point while the loop runs: it moves
+    only while such frees keep at most ``MOVED_FREES_MAX_BYTES`` waiting, and never where
+    its points are rows of a block (which the free may release whole)."""
+    before, loop, after = _skewed_loop_with_peeled_iterations()
+    guarded = ast.If(c0 >= 0, ast.Seq((_s("G"),)))
+    body = (*before[:2], guarded, *before[2:], loop, *after)
+    lowerable = lambda candidate: True  # noqa: E731
+    statements = _statements({"G": "S"})  # (the loop computes S)
+    expected = [i for i in _interpreted(_loop(c0, 0, 1, *body), {}) if i[0] != "G"] + [("G", ())]
+    moved = _with_peeled_iterations(body, lowerable, statements, _bytes(MOVED_FREES_MAX_BYTES))
+    assert [n.name for n in moved if isinstance(n, ast.Stmt)] == ["A", "E"] and moved[-1] == guarded
+    assert _interpreted(_loop(c0, 0, 1, *moved), {}) == expected
+    for size in (MOVED_FREES_MAX_BYTES + 1, None):  # too much waiting, or rows of a block
+        kept = _with_peeled_iterations(body, lowerable, statements, _bytes(size))
+        assert guarded in kept and _s("S", 0) in kept  # only the statements after it go back
+        assert _interpreted(_loop(c0, 0, 1, *kept), {}) == _interpreted(_loop(c0, 0, 1, *body), {})
 
 
 def test_timed_policy_measures_both_forms_then_keeps_one():
