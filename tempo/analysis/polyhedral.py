@@ -427,6 +427,13 @@ def _step(was: isl.UnionSet, now: isl.UnionSet) -> tuple[int, ...] | None:
     before, after = isl.Set.from_union_set(was), isl.Set.from_union_set(now)
     if before.dim(isl.dim_type.param) == 0 and after.dim(isl.dim_type.param) == 0:
         return _concrete_step(was, now, before, after)
+    return _parametric_step(was, now, before, after)
+
+
+def _parametric_step(was: isl.UnionSet, now: isl.UnionSet, before: isl.Set, after: isl.Set
+                     ) -> tuple[int, ...] | None:
+    """``_step`` where the points may depend on parameters: the deltas between the first
+    (last) points, where they are one constant."""
     for first_was, first_now in ((before.lexmin(), after.lexmin()), (before.lexmax(), after.lexmax())):
         deltas = isl.Map.from_domain_and_range(first_was, first_now).deltas()
         point = deltas.sample_point()

@@ -174,3 +174,33 @@ def test_trim_keeps_exactly_the_reached_points_of_any_overshoot():
     assert chains.trim(needed, {merge.id: top}, max_rounds=64)
     got = set().union(*(_points(points) for points in needed.values()))
     assert got == {(name, c) for name, c in exact if name in {poly.name(op) for op in component}}
+
+
+def test_a_chains_concrete_step_is_the_general_searchs_step():
+    """``_step`` over points without parameters rules candidates out by lexicographic
+    order before isl's subset test; it finds the step the general search finds (random
+    unions of boxes, their translates and their parts)."""
+    rng = np.random.default_rng(0)
+
+    def boxes(count: int) -> isl.UnionSet:
+        parts = []
+        for _ in range(count):
+            lo = rng.integers(0, 6, 2)
+            hi = lo + rng.integers(0, 4, 2)
+            parts.append(f"S[a, b] : {lo[0]} <= a <= {hi[0]} and {lo[1]} <= b <= {hi[1]}")
+        return isl.UnionSet("{ " + "; ".join(parts) + " }", context=polyhedral.ISL).coalesce()
+
+    found = 0
+    for _ in range(200):
+        was = boxes(int(rng.integers(1, 3)))
+        shift = [int(v) for v in rng.integers(-3, 4, 2)]
+        moved = was.apply(isl.UnionMap(f"{{ S[a, b] -> S[a + {shift[0]}, b + {shift[1]}] }}",
+                                       context=polyhedral.ISL))
+        for now in (moved, moved.intersect(boxes(2)), boxes(1)):
+            if now.is_empty():
+                continue
+            before, after = isl.Set.from_union_set(was), isl.Set.from_union_set(now)
+            general = polyhedral._parametric_step(was, now, before, after)
+            assert polyhedral._concrete_step(was, now, before, after) == general, (was, now)
+            found += general is not None
+    assert found > 100
