@@ -460,8 +460,8 @@ def _concrete_step(was: isl.UnionSet, now: isl.UnionSet, before: isl.Set, after:
     last_was, last_now = _coords(before.lexmax().sample_point()), _coords(after.lexmax().sample_point())
     name = before.get_tuple_name()
     tried: set[tuple[int, ...]] = set()
-    for step in (tuple(b - a for a, b in zip(first_was, first_now)),
-                 tuple(b - a for a, b in zip(last_was, last_now))):
+    for step in (tuple(b - a for a, b in zip(first_was, first_now, strict=True)),
+                 tuple(b - a for a, b in zip(last_was, last_now, strict=True))):
         if not any(step) or step in tried:
             continue
         tried.add(step)

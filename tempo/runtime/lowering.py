@@ -256,13 +256,14 @@ def _flat(body: tuple[ast.Node, ...]) -> tuple[ast.Node, ...]:
 
 
 MOVED_FREES_MAX_BYTES = 4 << 20
-"""The memory that guarded frees moved after a loop that computes the ops they free may
-keep waiting for it (``_with_peeled_iterations``): 4 MiB of points per loop. PPO's acting
-and update loops then take back their first iterations, the merges that start them from
-the iteration before (interpreted statements an iteration: 51 -> 18 at 8 envs x 64 steps,
-51 -> 15 at 512 x 250), keeping the last step's env state (18 KB at 512 envs) and the
-last update's outputs the next iteration starts from (73 KB for the 64-64 actor-critic)
-past the loop; a model of a million parameters keeps those frees where isl put them."""
+"""The memory that guarded frees moved after a loop may keep waiting while it runs
+(``_with_peeled_iterations``): 4 MiB of points per loop. PPO's acting and update loops
+then take back their first iterations, the merges that start them from the iteration
+before (interpreted statements an iteration: 51 -> 18 at 8 envs x 64 steps, 51 -> 15 at
+512 x 250), keeping the last step's env state (18 KB at 512 envs) and the last update's
+outputs the next iteration starts from (73 KB for the 64-64 actor-critic: two values per
+parameter) past the loop; a model of half a million parameters keeps those frees where
+isl put them."""
 
 
 def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast.Loop], bool],
@@ -276,10 +277,9 @@ def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast
     Guarded frees among the statements before the loop (a value's last point, freed at
     the last outer iteration; the previous outer iteration's last point, which the peeled
     iteration read) move after the loop and the statements after it where the loop takes
-    statements from before it: a free may run later. Frees of an op that one of the
-    statements they pass computes (the loop itself, say) keep their points waiting while
-    it runs: those move only while the bytes they keep (``held``: a free statement's
-    points, None where they are rows of a block) total at most ``MOVED_FREES_MAX_BYTES``."""
+    statements from before it: a free may run later, but its points wait for it, so the
+    frees move only while what they keep (``held``: a free statement's points) totals at
+    most ``MOVED_FREES_MAX_BYTES``."""
     out = list(body)
     k = 0
     while k < len(out):
@@ -288,7 +288,7 @@ def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast
             stop = k + 1
             while stop < len(out) and isinstance(out[stop], ast.Stmt):
                 stop += 1
-            start = _run_before(out, k, stop, statements, held)
+            start = _run_before(out, k, statements, held)
             before = [node for node in out[start:k] if isinstance(node, ast.Stmt)]
             deferred = [node for node in out[start:k] if not isinstance(node, ast.Stmt)]
             after = out[k + 1:stop]
@@ -307,21 +307,16 @@ def _with_peeled_iterations(body: tuple[ast.Node, ...], lowerable: Callable[[ast
     return out
 
 
-def _run_before(out: list[ast.Node], k: int, stop: int, statements: dict[str, Statement],
+def _run_before(out: list[ast.Node], k: int, statements: dict[str, Statement],
                 held: Callable[[Statement], int | None]) -> int:
     """Where the statements just before the loop ``out[k]`` begin: plain statements, and
-    guarded frees that may move after ``out[k:stop]`` (see ``_with_peeled_iterations``)."""
-    computed = {statements[s.name].op.id for node in out[k:stop] for s in ast.statements(node)
-                if statements[s.name].kind == "exec"}
+    guarded frees that may move after it (see ``_with_peeled_iterations``)."""
     room = MOVED_FREES_MAX_BYTES
     start = k
     while start:
         node = out[start - 1]
-        if isinstance(node, ast.Stmt):
-            if statements[node.name].kind == "exec":
-                computed.add(statements[node.name].op.id)
-        else:
-            kept = _kept_waiting(node, statements, computed, held)
+        if not isinstance(node, ast.Stmt):
+            kept = _kept_waiting(node, statements, held)
             if kept is None or kept > room:
                 break
             room -= kept
@@ -329,30 +324,29 @@ def _run_before(out: list[ast.Node], k: int, stop: int, statements: dict[str, St
     return start
 
 
-def _kept_waiting(node: ast.Node, statements: dict[str, Statement], computed: set[int],
+def _kept_waiting(node: ast.Node, statements: dict[str, Statement],
                   held: Callable[[Statement], int | None]) -> int | None:
-    """The bytes that moving ``node``, a run of guarded frees, past statements computing
-    the ops in ``computed`` keeps waiting (its frees of those ops' points); None where
-    ``node`` is something else, or such a free's points are rows of a block."""
+    """The bytes that moving ``node``, a run of guarded frees, keeps waiting; None where
+    ``node`` is something else, or what a free keeps is not known (``held``)."""
     if not isinstance(node, ast.If) or node.orelse is not None:
         return None
     kept = 0
     for item, _ in ast.guarded_items(node.then):
         st = statements[item.name] if isinstance(item, ast.Stmt) else None
-        if st is None or st.kind != "free":
+        size = held(st) if st is not None and st.kind == "free" else None
+        if size is None:
             return None
-        if st.op.id in computed:
-            size = held(st)
-            if size is None:
-                return None
-            kept += size
+        kept += size
     return kept
 
 
 def _held_bytes(graph: SDG, bounds: dict[Symbol, int]) -> Callable[[Statement], int | None]:
     """Per free statement, the bytes of one point of the outputs it frees; None where an
     output's shape varies or a reader slices its innermost dim (its points are rows of a
-    block, which the free may release whole: ``executable._store_for``)."""
+    block or of a window's ring, which the free may release whole or hand back for
+    reuse: ``executable._store_for``). A point a lowered loop wrote back as a row of its
+    stacked output (``PointStore.write_rows``, where it kept most rows) shares that array:
+    if it is the last row left, it keeps the whole array, which is not counted."""
     consumers = graph.consumers()
 
     def held(st: Statement) -> int | None:

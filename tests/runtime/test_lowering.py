@@ -11,7 +11,7 @@ import tempo as tp
 from tempo.errors import SourceSite
 from tempo.ir.graph import Op
 from tempo.reference import evaluate
-from tempo.runtime.lowering import MOVED_FREES_MAX_BYTES, _flat, _with_peeled_iterations
+from tempo.runtime.lowering import MOVED_FREES_MAX_BYTES, _flat, _held_bytes, _with_peeled_iterations
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
 
@@ -100,39 +100,64 @@ def test_guarded_frees_between_peeled_iterations_and_their_loop_move_after_it():
     guarded = ast.If(c0 >= 0, ast.Seq((_s("G"),)))
     body = (*before[:2], guarded, *before[2:], loop, *after)
     lowerable = lambda candidate: True  # noqa: E731
-    moved = _with_peeled_iterations(body, lowerable, _statements({"G": "A"}), _bytes(None))
+    moved = _with_peeled_iterations(body, lowerable, _statements({"G": "A"}), _bytes(8))
     assert [n.name if isinstance(n, ast.Stmt) else type(n).__name__ for n in moved
             if not isinstance(n, ast.Loop)] == ["A", "E", "If"]
     expected = [i for i in _interpreted(_loop(c0, 0, 1, *body), {}) if i[0] != "G"] + [("G", ())]
     assert _interpreted(_loop(c0, 0, 1, *moved), {}) == expected
     nested = (before[0], ast.Seq((before[1], guarded, before[2])), loop, *after)
-    assert _with_peeled_iterations(_flat(nested), lowerable, _statements({"G": "A"}), _bytes(None)) == moved
+    assert _with_peeled_iterations(_flat(nested), lowerable, _statements({"G": "A"}), _bytes(8)) == moved
     # a loop that takes back only its last iteration leaves the free where it was
     def after_only(candidate: ast.Loop) -> bool:
         return ("S", (0,)) not in _interpreted(_loop(c0, 0, 1, candidate), {})
-    stays = _with_peeled_iterations(body, after_only, _statements({"G": "A"}), _bytes(None))
+    stays = _with_peeled_iterations(body, after_only, _statements({"G": "A"}), _bytes(8))
     assert stays.index(guarded) < [type(n) for n in stays].index(ast.Loop)
     assert _interpreted(_loop(c0, 0, 1, *stays), {}) == _interpreted(_loop(c0, 0, 1, *body), {})
 
 
-def test_frees_of_an_op_the_loop_computes_move_while_they_keep_little_waiting():
-    """A free of a point of an op the loop computes (the iteration before's last step,
-    which the peeled first step read) keeps that point while the loop runs: it moves
-    only while such frees keep at most ``MOVED_FREES_MAX_BYTES`` waiting, and never where
-    its points are rows of a block (which the free may release whole)."""
+def test_guarded_frees_move_while_they_keep_little_waiting():
+    """A moved free keeps its point waiting while the loop runs (the iteration before's
+    last step, which the peeled first step read, is a point of an op the loop computes):
+    frees move only while they keep at most ``MOVED_FREES_MAX_BYTES`` waiting in all, and
+    never where what a free keeps is not known (rows of a block)."""
     before, loop, after = _skewed_loop_with_peeled_iterations()
     guarded = ast.If(c0 >= 0, ast.Seq((_s("G"),)))
     body = (*before[:2], guarded, *before[2:], loop, *after)
     lowerable = lambda candidate: True  # noqa: E731
-    statements = _statements({"G": "S"})  # (the loop computes S)
+    statements = _statements({"G": "S", "H": "F"})  # (the loop computes S and F)
     expected = [i for i in _interpreted(_loop(c0, 0, 1, *body), {}) if i[0] != "G"] + [("G", ())]
     moved = _with_peeled_iterations(body, lowerable, statements, _bytes(MOVED_FREES_MAX_BYTES))
     assert [n.name for n in moved if isinstance(n, ast.Stmt)] == ["A", "E"] and moved[-1] == guarded
     assert _interpreted(_loop(c0, 0, 1, *moved), {}) == expected
-    for size in (MOVED_FREES_MAX_BYTES + 1, None):  # too much waiting, or rows of a block
+    for size in (MOVED_FREES_MAX_BYTES + 1, None):  # too much waiting, or not known
         kept = _with_peeled_iterations(body, lowerable, statements, _bytes(size))
         assert guarded in kept and _s("S", 0) in kept  # only the statements after it go back
         assert _interpreted(_loop(c0, 0, 1, *kept), {}) == _interpreted(_loop(c0, 0, 1, *body), {})
+    # two frees of 3 MiB each: the one next to the loop moves, the other stays before it
+    other = ast.If(c0 >= 0, ast.Seq((_s("H"),)))
+    body = (*before[:2], guarded, other, *before[2:], loop, *after)
+    out = _with_peeled_iterations(body, lowerable, statements, _bytes(3 << 20))
+    looped = [type(n) for n in out].index(ast.Loop)
+    assert out.index(guarded) < looped < out.index(other)
+    order = _interpreted(_loop(c0, 0, 1, *out), {})
+    assert sorted(order) == sorted(_interpreted(_loop(c0, 0, 1, *body), {})) and order[-1] == ("H", ())
+
+
+def test_a_free_keeps_one_point_unless_its_points_are_rows_of_a_block():
+    """``_held_bytes``: the bytes of one point of the outputs a free statement frees; not
+    known (None) for an output a reader slices along its innermost dim (a block store's
+    rows, which a free may release whole)."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(np.ones((5, 3), dtype=np.float32))[t]
+        y = x * 2.0
+        z = y + 1.0
+        w = y[0:T].sum(0)
+    held = _held_bytes(ctx.graph, {T: 5})
+    assert held(Statement("free", z.op)) == 3 * 4
+    assert held(Statement("free", y.op)) is None
+    assert w.op is not None
 
 
 def test_timed_policy_measures_both_forms_then_keeps_one():

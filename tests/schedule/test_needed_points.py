@@ -202,5 +202,6 @@ def test_a_chains_concrete_step_is_the_general_searchs_step():
             before, after = isl.Set.from_union_set(was), isl.Set.from_union_set(now)
             general = polyhedral._parametric_step(was, now, before, after)
             assert polyhedral._concrete_step(was, now, before, after) == general, (was, now)
+            assert polyhedral._step(was, now) == general
             found += general is not None
     assert found > 100
