@@ -226,6 +226,19 @@ ANY = None
 
 
 @dataclass
+class _ReadChecks:
+    """A template's reads, sorted for moving them to a later entry (``_moved_reads``)."""
+
+    shifts: list[tuple[tuple[tuple[int, ...], ...], int, int]]
+    """The affine reads of values the loop makes that no store gives, one per kind:
+    ``(coefficients, reader, maker)``, an exec position of the reader's index group and of
+    the maker's (reads alike in these move alike)."""
+    each: list[tuple[int, int]]
+    """``(exec position, input)`` of the reads moved one by one: those of stored values,
+    and the other reads of values the loop makes (an index that is not affine)."""
+
+
+@dataclass
 class _Template:
     """A planned entry with what its plan was made from, for reuse by later entries."""
 
@@ -235,6 +248,7 @@ class _Template:
     fetches: list[Fetch]
     frees_after: list[tuple[int, np.ndarray, int]]  # the frees after the loop (``_freed_after``)
     plan: Plan                            # its stored values dropped once planned (``plan``)
+    checks: _ReadChecks | None = None     # its reads sorted for moving (``_moved_reads``)
 
     @cached_property
     def fetched(self) -> dict[tuple[int, int], str]:
@@ -296,6 +310,8 @@ class LoopPlanner:
         self.execs = [(self.items[n][1].op, graph.in_edges(self.items[n][1].op)) for n in self.exec_items]
         """The body's ops the scan runs, in order, with their input edges."""
         self.positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
+        self.exec_groups = [self.items[n][2] for n in self.exec_items]
+        """Per exec, its index group (execs of one group move by the same offset)."""
         self.frees = [n for n, (_, st, _) in enumerate(self.items) if st.kind == "free"]
         self.freed_later = {n: tuple(k for k in self.items[n][1].freed
                                      if (self.items[n][1].op.id, k) not in self.deferred_keys)
@@ -700,53 +716,72 @@ class LoopPlanner:
         """The template's reads at this entry's points, or None where one of them does not
         move with the op that makes the point it reads. Only the ``fetched`` ones (read from
         stores, ``_Template.fetched``) are moved, a constant's or a carry's initial value
-        only at its first point; the others are only checked (None)."""
+        only at its first point; the others are only checked (None), affine ones once per
+        kind (``_ReadChecks``)."""
+        if template.checks is None:
+            template.checks = self._read_checks(template, fetched)
+        for linear, reader, maker in template.checks.shifts:
+            target = ops[maker]
+            if target is not ANY and _shifted(linear, ops[reader]) != target:
+                return None
         made = {op_id for op_id, _ in template.plan.made}
-        shifts: dict[tuple, tuple[int, ...]] = {}
-        reads: list[list[Reads | FirstRead | None]] = []
+        reads: list[list[Reads | FirstRead | None]] = [[None] * len(row) for row in template.reads]
+        for pos, k in template.checks.each:
+            r = template.reads[pos][k]
+            assert r is not None
+            src = r.edge.src.id
+            target = ops[self.positions[src]] if src in made else ANY
+            linear = self.linear[self.execs[pos][0].id][k]
+            if linear is not None:
+                shift = _shifted(linear, ops[pos])
+                if target is not ANY and shift != target:
+                    return None
+                if fetched[pos, k] != "stacked":  # one stored value: only its first point is read
+                    reads[pos][k] = FirstRead(r.edge, tuple(a + d for a, d in zip(r.first_point, shift)))
+                    continue
+                coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
+            else:
+                if target is ANY and (pos, k) not in fetched:
+                    continue  # (nothing to check, nothing to fetch)
+                iterations, points = runs[pos]
+                if pos in template.taken:
+                    chosen = template.taken[pos] == k
+                    points = tuple(c[chosen] for c in points)
+                coords = self._index(pos, k, points, len(r.iterations))
+                if target is not ANY and _offset(r.coords, coords) != target:
+                    return None
+                if (pos, k) not in fetched:
+                    continue
+            reads[pos][k] = Reads(r.edge, r.iterations, coords, r.made_at, r.fits)
+        return reads
+
+    def _read_checks(self, template: _Template, fetched: dict[tuple[int, int], str]) -> _ReadChecks:
+        """``template``'s reads sorted for ``_moved_reads``: an affine read of a value the
+        loop makes, not fetched, only checks that it moves with its maker, which depends on
+        its coefficients and the offsets of the two index groups alone."""
+        made = {op_id for op_id, _ in template.plan.made}
+        of_group: dict[int, int] = {}  # per index group: its first exec position
+        shifts: dict[tuple, None] = {}
+        each = []
         for pos, row in enumerate(template.reads):
-            op = self.execs[pos][0]
-            moved: list[Reads | FirstRead | None] = []
             for k, r in enumerate(row):
                 if r is None:
-                    moved.append(None)
                     continue
                 src = r.edge.src.id
-                target = ops[self.positions[src]] if src in made else ANY
-                linear = self.linear[op.id][k]
-                if linear is not None:
-                    offset = ops[pos]
-                    shift = shifts.get((linear, offset))
-                    if shift is None:
-                        shift = shifts[linear, offset] = tuple(
-                            sum(a * d for a, d in zip(coefficients, offset)) for coefficients in linear)
-                    if target is not ANY and shift != target:
-                        return None
-                    kind = fetched.get((pos, k))
-                    if kind is None:
-                        moved.append(None)
-                        continue
-                    if kind != "stacked":  # one stored value: only its first point is read
-                        moved.append(FirstRead(r.edge, tuple(a + d for a, d in zip(r.first_point, shift))))
-                        continue
-                    coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
-                else:
-                    if target is ANY and (pos, k) not in fetched:
-                        moved.append(None)  # (nothing to check, nothing to fetch)
-                        continue
-                    iterations, points = runs[pos]
-                    if pos in template.taken:
-                        chosen = template.taken[pos] == k
-                        points = tuple(c[chosen] for c in points)
-                    coords = self._index(pos, k, points, len(r.iterations))
-                    if target is not ANY and _offset(r.coords, coords) != target:
-                        return None
-                    if (pos, k) not in fetched:
-                        moved.append(None)
-                        continue
-                moved.append(Reads(r.edge, r.iterations, coords, r.made_at, r.fits))
-            reads.append(moved)
-        return reads
+                linear = self.linear[self.execs[pos][0].id][k]
+                if (pos, k) in fetched or (linear is None and src in made):
+                    each.append((pos, k))
+                elif linear is not None and src in made:
+                    reader = of_group.setdefault(self.exec_groups[pos], pos)
+                    maker = of_group.setdefault(self.exec_groups[self.positions[src]], self.positions[src])
+                    shifts[linear, reader, maker] = None
+        return _ReadChecks(list(shifts), each)
+
+
+def _shifted(linear: tuple[tuple[int, ...], ...], offset: tuple[int, ...]) -> tuple[int, ...]:
+    """The offset of the points an affine index (its ``linear`` coefficients) reads, where
+    its reader's points move by ``offset``."""
+    return tuple(sum(a * d for a, d in zip(coefficients, offset)) for coefficients in linear)
 
 
 def _per_iteration(trips: int, at: Any, values: Any, fill: Any, dtype: Any) -> np.ndarray:

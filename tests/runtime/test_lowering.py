@@ -61,6 +61,48 @@ def test_translated_entries_reuse_the_plan():
     assert "plans reused in 3 entries" in "\n".join(map(str, exe.loop_choices.values()))
 
 
+def test_moved_reads_check_each_kind_of_affine_read_as_each_read():
+    """A template's affine reads of values the loop makes are checked once per kind
+    (coefficients, reader's and maker's index groups): an entry moved by any offsets per
+    index group is refused exactly where checking every such read is refused."""
+    from tempo.runtime.plan import ANY, _offset
+    ctx, bounds, outputs = _recurrences()
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered", nests=False))
+    exe.run()
+    planner = max(exe._launchers.values(), key=lambda launch: launch.choice.reused).planner
+    template = planner.templates[0]
+    space = planner.space((3,))
+    groups = planner._groups((3,), space)
+    instances = planner._per_statement(groups)
+    runs = [instances[n] for n in planner.exec_items]
+    moved = [_offset(was, now) if len(now_at) else ANY
+             for (_, was), (now_at, now) in zip(template.groups, groups)]
+    made = {op_id for op_id, _ in template.plan.made}
+
+    def each_read_moves(ops: list) -> bool:
+        for pos, row in enumerate(template.reads):
+            for k, r in enumerate(row):
+                linear = planner.linear[planner.execs[pos][0].id][k]
+                if r is None or linear is None or r.edge.src.id not in made:
+                    continue
+                target = ops[planner.positions[r.edge.src.id]]
+                shift = tuple(sum(a * d for a, d in zip(coefficients, ops[pos])) for coefficients in linear)
+                if target is not ANY and shift != target:
+                    return False
+        return True
+
+    outcomes = set()
+    for changed in [None, *range(len(moved))]:
+        for delta in ((1, 0), (0, 1), (1, -1)):
+            offsets = [m if g != changed or m is ANY else tuple(a + d for a, d in zip(m, delta))
+                       for g, m in enumerate(moved)]
+            ops = [offsets[planner.exec_groups[pos]] for pos in range(len(planner.execs))]
+            expected = each_read_moves(ops)
+            assert (planner._moved_reads(template, runs, ops, template.fetched) is not None) == expected
+            outcomes.add(expected)
+    assert outcomes == {True, False}
+
+
 def test_peeled_iterations_go_back_into_a_lowerable_loop_where_it_stays_lowerable():
     """The statements isl peeled off a lowerable loop go back into it (their kernels then
     run in its scan, not compiled a second time outside it), unless that would make it
