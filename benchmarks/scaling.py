@@ -60,6 +60,9 @@ def worker(spec: str) -> None:
         cfg["seed"], cfg["progress"], cfg["checkpoint_every"] = 0, False, 0
         cfg["cache_dir"] = "off"
         cfg["logger"] = {**cfg.get("logger", {}), "wandb": {"enabled": False}}
+        # Sinks where the program reaches them in every row: a mesh runs none late, and the
+        # warm-up's metrics (``_per_iteration``) must end where its iterations do.
+        cfg["late_sinks"] = False
         if args["devices"] > 1:
             cfg["distributed"]["devices"] = args["devices"]
         with tempfile.TemporaryDirectory(prefix="tempo-scaling-") as out:

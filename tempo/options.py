@@ -96,14 +96,17 @@ class LoopPolicy:
     the program's order among themselves. False: each where the program reaches it. None
     (default): late (PPO on an H200: 11-26% less time an iteration; on a 2-core CPU, PPO
     on gymnasium's CartPole at 8 envs x 64 steps, the default training run, about 10%
-    less, on gymnax the same within the noise); a sink's clock and memory window then ends
-    an iteration on."""
+    less, on gymnax the same within the noise). A run's metrics and checkpoints then come
+    an iteration later (a sink's clock and memory window ends an iteration on; an
+    interrupt drops the last iteration's queued sinks)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown loop mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.max_stacked_mb is not None and not self.max_stacked_mb >= 0:
             raise ValueError(f"max_stacked_mb must be >= 0 MiB or None, got {self.max_stacked_mb}")
+        if self.late_sinks is not None and not isinstance(self.late_sinks, bool):
+            raise ValueError(f"late_sinks must be true, false or None, got {self.late_sinks!r}")
 
 
 @dataclass(frozen=True)

@@ -701,7 +701,7 @@ class LoopPlanner:
         taken = self._taken(runs)
         if any(not _same(taken[pos], was) for pos, was in template.taken.items()):
             return None
-        reads = self._moved_reads(template, runs, ops, template.fetched)
+        reads = self._moved_reads(template, runs, ops)
         if reads is None:
             return None
         consts, stacked, init = self._fetch(reads, template.fetches, trips)
@@ -711,15 +711,16 @@ class LoopPlanner:
                     stacked, old.branches, old.active, old.rows_at, init, old.zeros, trips, old.runs, made,
                     self._later(instances, template.frees_after))
 
-    def _moved_reads(self, template: _Template, runs: list, ops: list,
-                     fetched: dict[tuple[int, int], str]) -> list[list[Reads | FirstRead | None]] | None:
+    def _moved_reads(self, template: _Template, runs: list,
+                     ops: list) -> list[list[Reads | FirstRead | None]] | None:
         """The template's reads at this entry's points, or None where one of them does not
-        move with the op that makes the point it reads. Only the ``fetched`` ones (read from
+        move with the op that makes the point it reads. Only the fetched ones (read from
         stores, ``_Template.fetched``) are moved, a constant's or a carry's initial value
         only at its first point; the others are only checked (None), affine ones once per
         kind (``_ReadChecks``)."""
+        fetched = template.fetched
         if template.checks is None:
-            template.checks = self._read_checks(template, fetched)
+            template.checks = self._read_checks(template)
         for linear, reader, maker in template.checks.shifts:
             target = ops[maker]
             if target is not ANY and _shifted(linear, ops[reader]) != target:
@@ -755,11 +756,11 @@ class LoopPlanner:
             reads[pos][k] = Reads(r.edge, r.iterations, coords, r.made_at, r.fits)
         return reads
 
-    def _read_checks(self, template: _Template, fetched: dict[tuple[int, int], str]) -> _ReadChecks:
+    def _read_checks(self, template: _Template) -> _ReadChecks:
         """``template``'s reads sorted for ``_moved_reads``: an affine read of a value the
         loop makes, not fetched, only checks that it moves with its maker, which depends on
         its coefficients and the offsets of the two index groups alone."""
-        made = {op_id for op_id, _ in template.plan.made}
+        made, fetched = {op_id for op_id, _ in template.plan.made}, template.fetched
         of_group: dict[int, int] = {}  # per index group: its first exec position
         shifts: dict[tuple, None] = {}
         each = []

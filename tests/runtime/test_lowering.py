@@ -98,7 +98,7 @@ def test_moved_reads_check_each_kind_of_affine_read_as_each_read():
                        for g, m in enumerate(moved)]
             ops = [offsets[planner.exec_groups[pos]] for pos in range(len(planner.execs))]
             expected = each_read_moves(ops)
-            assert (planner._moved_reads(template, runs, ops, template.fetched) is not None) == expected
+            assert (planner._moved_reads(template, runs, ops) is not None) == expected
             outcomes.add(expected)
     assert outcomes == {True, False}
 
@@ -285,6 +285,8 @@ def test_compiled_scans_are_kept_across_runs():
 def test_unknown_loop_mode_is_named():
     with pytest.raises(ValueError, match="unknown loop mode 'fast'"):
         tp.LoopPolicy("fast")
+    with pytest.raises(ValueError, match="late_sinks must be true, false or None, got 0"):
+        tp.LoopPolicy(late_sinks=0)  # (not taken for False: anything but False is late)
 
 
 @pytest.mark.parametrize("env", ["synthetic"])
