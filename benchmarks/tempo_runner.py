@@ -49,11 +49,12 @@ def run(cell: Cell) -> Measurement:
         result = train(config_for(cell), Path(out), progress=False)
         total = time.perf_counter() - start
     # The logger's SPS is one iteration's steps over the time since the previous iteration's
-    # metrics (the first: since the run started). With late sinks (the default,
-    # ``tempo.runtime.tail``) an iteration's metrics arrive when the next one reaches the
-    # same point: the first interval then also holds the next iteration's host work up to
-    # there, and the last is only the end of the last one, the others are one iteration
-    # each (read the median of three or more).
+    # metrics (the first: since the run started). With late sinks (the default on an
+    # accelerator, ``tempo.runtime.tail``) an iteration's metrics arrive when the next one
+    # reaches the same point: the first interval then also holds the next iteration's work
+    # up to there, and the last is only the end of the last one, the others are one
+    # iteration each (read the median of three or more; a CPU runs its sinks where the
+    # program reaches them).
     times = [cell.steps_per_iteration / row["charts/SPS"] for row in result.history]
     return Measurement(result.compile_seconds, times, list(result.episode_returns),
                        setup_s=total - result.run_seconds,

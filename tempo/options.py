@@ -94,11 +94,13 @@ class LoopPolicy:
     after the next iteration's device work was dispatched, instead of waiting for the
     device where the program reaches them (``tempo.runtime.tail``). Host ops still run in
     the program's order among themselves. False: each where the program reaches it. None
-    (default): late (PPO on an H200: 11-26% less time an iteration; on a 2-core CPU, PPO
-    on gymnasium's CartPole at 8 envs x 64 steps, the default training run, about 10%
-    less, on gymnax the same within the noise). A run's metrics and checkpoints then come
-    an iteration later (a sink's clock and memory window ends an iteration on; an
-    interrupt drops the last iteration's queued sinks)."""
+    (default): late on an accelerator, where the device works beside the host (PPO on an
+    H200: 11-26% less time an iteration), not on a CPU, where the device's work runs on the
+    host's own cores: there PPO on gymnax runs the same within the noise either way, PPO on
+    gymnasium's CartPole at 8 envs x 64 steps (the default training run) about 10% faster
+    late, but a run's first results come an iteration later (at the paper's size a first
+    iteration's metrics 0.5 s later), and an interrupt drops the last iteration's queued
+    sinks."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

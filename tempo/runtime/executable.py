@@ -140,7 +140,7 @@ class Executable:
         in_loops = {schedule.statements[s].op.id for lowerable in self._lowered.values()
                     for s in statement_names(lowerable.loop)}
         late = backend.name == "jax" and not self._spanned and getattr(backend, "mesh", None) is None \
-            and self.loops.late_sinks is not False
+            and (self.loops.late_sinks if self.loops.late_sinks is not None else not backend.on_cpu)
         self.tail = host_tail(graph, schedule.last_reads, in_loops) if late else NO_TAIL
         """The host ops that only feed sinks, which run one occurrence late, with the ops
         and frees between them (``tempo.runtime.tail``)."""

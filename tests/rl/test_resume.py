@@ -60,7 +60,8 @@ def test_resuming_past_the_end_is_an_error(tmp_path):
 
 def test_late_sinks_log_and_save_what_prompt_ones_do(tmp_path):
     """The metrics, episodes and every checkpoint of a JAX run are the same whether its
-    sinks run one iteration late (the default) or where the iteration reaches them."""
+    sinks run one iteration late (the default on an accelerator) or where the iteration
+    reaches them (the default on a CPU)."""
     common = ("env=gymnax_cartpole", "algorithm.num_steps=16", "env.num_envs=2", "total_timesteps=256",
               "checkpoint_every=3", "keep_checkpoints=true", "backend=jax")  # 8 iterations
     late = train(config(*common, "late_sinks=true"), tmp_path / "late", progress=False)
