@@ -63,6 +63,12 @@ class Edge:
     then keeps its rows along that axis, and the reader's permute is gone)."""
 
     @property
+    def slices_innermost(self) -> bool:
+        """Whether the read takes a slice of the source's innermost dim (its points are then
+        kept as rows of a block: ``tempo.runtime.executable._store_for``)."""
+        return bool(self.phi) and isinstance(self.phi[-1], Slice)
+
+    @property
     def tiled(self) -> bool:
         """Whether the read's innermost entry is a slice padded to whole tiles
         (``tempo.passes.tile``)."""

@@ -617,7 +617,7 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
     t = op.outputs[k]
     static = all(not (d.symbols() - set(bounds)) for d in t.shape)
     shape = tuple(int(d.evaluate(bounds)) for d in t.shape) if static else None
-    inner_slices = op.domain and any(isinstance(e.phi[-1], Slice) for e in readers)
+    inner_slices = op.domain and any(e.slices_innermost for e in readers)
     split = backend.mesh is not None  # host blocks would gather split values
     if shape is not None and inner_slices and not split:
         length = bounds[bound_of[op.domain[-1]]]

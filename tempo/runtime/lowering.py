@@ -86,7 +86,7 @@ from tempo.runtime.plan import LoopPlanner, Plan, Slot, point_op, tuples
 from tempo.runtime.stores import BlockStore, BufferShape, WindowStore, grown_buffers
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
-from tempo.symbolic.expr import Expr, Slice, Symbol, compile_vectorized
+from tempo.symbolic.expr import Expr, Symbol, compile_vectorized
 
 if TYPE_CHECKING:
     from tempo.runtime.backends import JaxBackend
@@ -353,7 +353,7 @@ def _held_bytes(graph: SDG, bounds: dict[Symbol, int]) -> Callable[[Statement], 
         total = 0
         for k in st.freed:
             size = st.op.outputs[k].nbytes(bounds)
-            if size is None or any(e.src_out == k and e.phi and isinstance(e.phi[-1], Slice)
+            if size is None or any(e.src_out == k and e.slices_innermost
                                    for e in consumers.get(st.op.id, ())):
                 return None
             total += size

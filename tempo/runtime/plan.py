@@ -236,6 +236,8 @@ class _ReadChecks:
     each: list[tuple[int, int]]
     """``(exec position, input)`` of the reads moved one by one: those of stored values,
     and the other reads of values the loop makes (an index that is not affine)."""
+    made: frozenset[int]
+    """The ops the loop makes points of."""
 
 
 @dataclass
@@ -725,7 +727,7 @@ class LoopPlanner:
             target = ops[maker]
             if target is not ANY and _shifted(linear, ops[reader]) != target:
                 return None
-        made = {op_id for op_id, _ in template.plan.made}
+        made = template.checks.made
         reads: list[list[Reads | FirstRead | None]] = [[None] * len(row) for row in template.reads]
         for pos, k in template.checks.each:
             r = template.reads[pos][k]
@@ -760,7 +762,7 @@ class LoopPlanner:
         """``template``'s reads sorted for ``_moved_reads``: an affine read of a value the
         loop makes, not fetched, only checks that it moves with its maker, which depends on
         its coefficients and the offsets of the two index groups alone."""
-        made, fetched = {op_id for op_id, _ in template.plan.made}, template.fetched
+        made, fetched = frozenset(op_id for op_id, _ in template.plan.made), template.fetched
         of_group: dict[int, int] = {}  # per index group: its first exec position
         shifts: dict[tuple, None] = {}
         each = []
@@ -776,7 +778,7 @@ class LoopPlanner:
                     reader = of_group.setdefault(self.exec_groups[pos], pos)
                     maker = of_group.setdefault(self.exec_groups[self.positions[src]], self.positions[src])
                     shifts[linear, reader, maker] = None
-        return _ReadChecks(list(shifts), each)
+        return _ReadChecks(list(shifts), each, made)
 
 
 def _shifted(linear: tuple[tuple[int, ...], ...], offset: tuple[int, ...]) -> tuple[int, ...]:

@@ -155,7 +155,7 @@ def window_widths(graph: SDG, bounds: dict[Symbol, int], bound_of: dict[Symbol, 
         length = bounds[bound_of[op.domain[-1]]]
         for k in range(len(op.outputs)):
             readers = [e for e in consumers[op.id] if e.src_out == k]
-            if (op.id, k) in outputs or not any(isinstance(e.phi[-1], Slice) for e in readers):
+            if (op.id, k) in outputs or not any(e.slices_innermost for e in readers):
                 continue
             width = _widest_window(readers, bounds, bound_of)
             if width is not None and 2 * width < length:
