@@ -1015,10 +1015,9 @@ class LoopLauncher:
                         continue
                     if op.kind == "merge":
                         chosen = branch[merges.index(pos)]
-                        taken = [(k, value(s)) for k, s in enumerate(row) if s.kind != "unused"]
-                        out = taken[0][1]
-                        for k, v in taken[1:]:
-                            out = xp.where(chosen == k, v, out)
+                        out = value(row[0])  # (its row: the branches taken, ``_canonical_merges``)
+                        for k, slot in enumerate(row[1:], 1):
+                            out = xp.where(chosen == k, value(slot), out)
                         made((op.id, 0), out)
                         continue
                     outs = kernel(xp, params, *(value(s) for s in row))

@@ -47,8 +47,9 @@ class Slot:
     """Where input ``k`` of a body op comes from: ``body`` (the latest value made up to
     this point of the iteration), ``carry`` (the latest made before the iteration),
     ``const`` (a stored value, the same in every iteration), ``stacked`` (a stored value
-    per iteration) or ``unused`` (a merge branch that no iteration of this entry takes, or
-    any input of an op that does not run in this entry: the scan skips such ops) or
+    per iteration) or ``unused`` (any input of an op that does not run in this entry: the
+    scan skips such ops; a merge's row holds the branches its entry takes only,
+    ``_canonical_merges``) or
     ``buffer`` (a slice a block kernel reads from a device buffer the scan carries, see
     ``LoopPlanner.buffered``)."""
 
@@ -110,6 +111,7 @@ class Plan:
     consts: list[Any]
     stacked: list[Any]
     branches: list[Any]                        # per merge of the body: the branch per iteration
+                                               # (its place in the merge's row of slots)
     active: list[Any]                          # per masked output: whether its op runs, per iteration
     rows_at: list[Any]                         # per sparse output: per iteration, the row its
                                                # value goes to (one past the last: none)
@@ -463,7 +465,9 @@ class LoopPlanner:
         masked |= {key for key in finals if made_points[key].rows[-1] != trips - 1}
         # Read only where another branch is taken at the first iteration, or final only.
         zeros = tuple(sorted({key for key in (*carries, *finals, *masked) if key not in init}))
-        branches = [_per_iteration(trips, runs[pos][0], chosen, 0, np.int32) for pos, chosen in taken.items()]
+        slots, ordinals = _canonical_merges(slots, taken)
+        branches = [_per_iteration(trips, runs[pos][0], ordinals[pos][chosen], 0, np.int32)
+                    for pos, chosen in taken.items()]
         active = [_per_iteration(trips, made_points[key].rows, True, False, bool)
                   for key in sorted(masked)]
         stacked_out = tuple(k for k in exported if k not in finals)
@@ -785,6 +789,26 @@ def _shifted(linear: tuple[tuple[int, ...], ...], offset: tuple[int, ...]) -> tu
     """The offset of the points an affine index (its ``linear`` coefficients) reads, where
     its reader's points move by ``offset``."""
     return tuple(sum(a * d for a, d in zip(coefficients, offset)) for coefficients in linear)
+
+
+def _canonical_merges(slots: Slots, taken: dict[int, np.ndarray]) -> tuple[Slots, dict[int, np.ndarray]]:
+    """Each merge's row as the slots of the branches its entry takes only, in an order of
+    their own (kind, then key), and per merge the number of each branch (input) there.
+
+    The scan's program then depends on what the branches read, not on which of a merge's
+    inputs they are: PPO's loops start from the initial state at the first training
+    iteration and from the iteration before's afterwards, two branches that read a stored
+    value each, and both entries run one program (compiled once, not once per branch)."""
+    rows = list(slots)
+    ordinals = {}
+    for pos in taken:
+        used = sorted((k for k, slot in enumerate(rows[pos]) if slot.kind != "unused"),
+                      key=lambda k: (rows[pos][k].kind, repr(rows[pos][k].key)))
+        ordinal = np.zeros(len(rows[pos]), np.int32)
+        ordinal[used] = np.arange(len(used), dtype=np.int32)
+        ordinals[pos] = ordinal
+        rows[pos] = tuple(rows[pos][k] for k in used)
+    return tuple(rows), ordinals
 
 
 def _per_iteration(trips: int, at: Any, values: Any, fill: Any, dtype: Any) -> np.ndarray:

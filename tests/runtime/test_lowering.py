@@ -61,6 +61,25 @@ def test_translated_entries_reuse_the_plan():
     assert "plans reused in 3 entries" in "\n".join(map(str, exe.loop_choices.values()))
 
 
+def test_entries_taking_different_branches_of_a_merge_run_one_program():
+    """The t loop starts from a constant at i = 0 and from the entry before's last value
+    afterwards: the merge takes another of its inputs, but both read a stored value, so
+    every entry runs the scan traced for the first."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(np.linspace(-1, 1, 80, dtype=np.float32).reshape(4, 20))[i, t]
+        s = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
+        s[0, 0] = x[0, 0]
+        s[i, 0] = s[i - 1, T - 1] + 1.0
+        s[i, t + 1] = (s * 0.5 + x[i, t + 1]).tanh()
+    bounds = {I: 4, T: 20}
+    exe = ctx.compile(bounds, [s], backend="jax", loops=tp.LoopPolicy("lowered", nests=False))
+    _check(exe, ctx, bounds, [s])
+    [launcher] = [launch for launch in exe._launchers.values() if launch.traced]
+    assert len(launcher.traced) == 1, list(launcher.traced)
+
+
 def test_moved_reads_check_each_kind_of_affine_read_as_each_read():
     """A template's affine reads of values the loop makes are checked once per kind
     (coefficients, reader's and maker's index groups): an entry moved by any offsets per
