@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -598,8 +599,9 @@ class XlaNamespace:
 
     On CPU, XLA sorts a float key with its index (a two-operand sort) about 3x slower
     than NumPy's stable argsort (128k keys: 27 ms vs 10 ms on 2 cores; PPO sorts one key
-    per element of its rollout every epoch), so there an ``argsort`` of at least
-    ``HOST_SORT_MIN`` keys in all is NumPy's, called back from the compiled computation. A
+    per element of its rollout every epoch), and 40x slower than ``stable_argsort`` (0.67
+    ms), so there an ``argsort`` of at least ``HOST_SORT_MIN`` keys in all is
+    ``stable_argsort``, called back from the compiled computation. A
     program holding a callback is never kept in JAX's persistent cache, so shorter sorts
     stay XLA's: their program then loads from the cache instead of compiling again in
     every run (PPO at 8 envs x 64 steps: 0.17 s), for 45 us a sort of 512 keys. Results
@@ -666,14 +668,48 @@ class XlaNamespace:
         if x.size < HOST_SORT_MIN:
             return self._jnp.argsort(x, axis=axis, stable=stable)
 
-        def sort(values: Any) -> np.ndarray:
-            # The callback receives a JAX array: np.argsort on it would call its argsort
-            # method, which rejects ``kind`` (a raised and filtered TypeError per call)
-            # before NumPy converts it and sorts.
-            kind = "stable" if stable else None
-            return np.argsort(np.asarray(values), axis=axis, kind=kind).astype(np.int32)
+        def sort(values: Any) -> np.ndarray:  # (stable either way: an unstable order is any)
+            return stable_argsort(np.asarray(values), axis)
         result = self._jax.ShapeDtypeStruct(x.shape, self._jnp.int32)
         return self._jax.pure_callback(sort, result, x)
+
+
+def stable_argsort(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``np.argsort(values, axis, kind="stable")`` as int32. Keys of at most 32 bits are
+    sorted about 14x faster (128k float32 keys: 0.67 ms against 9.2 on 2 cores): each key's
+    bits, made to order as the values do, and its index are packed into one uint64, and
+    NumPy sorts those (its 64-bit integer sort, vectorized); the index breaks ties as a
+    stable sort does. Other keys take NumPy's stable argsort."""
+    x = np.moveaxis(np.asarray(values), axis, -1)
+    count = x.shape[-1]
+    bits = _ordered_bits(x)
+    if bits is None or count >= 2**31 or sys.byteorder != "little":
+        return np.moveaxis(np.argsort(x, axis=-1, kind="stable").astype(np.int32), -1, axis)
+    packed = np.empty(x.shape, np.uint64)
+    words = packed.view(np.uint32).reshape(*x.shape, 2)  # (little-endian: low word first)
+    words[..., 0] = np.arange(count, dtype=np.uint32)
+    words[..., 1] = bits
+    packed.sort(axis=-1)
+    return np.moveaxis(words[..., 0].astype(np.int32), -1, axis)
+
+
+def _ordered_bits(x: np.ndarray) -> np.ndarray | None:
+    """uint32 keys in the order NumPy sorts ``x``'s values (equal values equal keys:
+    -0.0 and 0.0 alike, and every NaN the same key, after +inf), for floats of at most 32
+    bits, integers of at most 32 bits and booleans; else None."""
+    if x.dtype.kind == "f" and x.dtype.itemsize <= 4:
+        with np.errstate(invalid="ignore"):  # (a signaling NaN's add)
+            bits = (np.asarray(x, np.float32) + np.float32(0.0)).view(np.uint32)  # -0.0 + 0.0 is 0.0
+        flip = (bits >> np.uint32(31)) * np.uint32(0x7FFFFFFF)  # negatives: every bit
+        flip |= np.uint32(0x80000000)                           # others: the sign bit
+        bits ^= flip
+        nan = np.isnan(x)
+        if nan.any():
+            bits[nan] = 0xFFFFFFFF
+        return bits
+    if x.dtype.kind in "iub" and x.dtype.itemsize <= 4:
+        return (x.astype(np.int64) + (2**31 if x.dtype.kind == "i" else 0)).astype(np.uint32)
+    return None
 
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all",
