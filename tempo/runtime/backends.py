@@ -589,8 +589,9 @@ XLA cannot copy once for many takes (outside a loop, or from an array the loop c
 such as a replay buffer sampled at every step): at most 16 times the rows' own traffic."""
 
 HOST_SORT_MIN = 4096
-"""Keys from which a CPU ``argsort`` is NumPy's (``XlaNamespace``): 4,096 keys, 0.17 ms
-against XLA's 0.62 (2 cores, 2026-11-26)."""
+"""Keys from which a CPU ``argsort`` is ``stable_argsort``'s, called back (``XlaNamespace``):
+4,096 keys, 0.17 ms with NumPy's stable argsort against XLA's 0.62 (2 cores, 2026-11-26);
+the sort alone now takes 0.025 ms there, NumPy's 0.055 (2026-11-28)."""
 
 
 class XlaNamespace:
@@ -599,8 +600,8 @@ class XlaNamespace:
 
     On CPU, XLA sorts a float key with its index (a two-operand sort) about 3x slower
     than NumPy's stable argsort (128k keys: 27 ms vs 10 ms on 2 cores; PPO sorts one key
-    per element of its rollout every epoch), and 40x slower than ``stable_argsort`` (0.67
-    ms), so there an ``argsort`` of at least ``HOST_SORT_MIN`` keys in all is
+    per element of its rollout every epoch), and about 20x slower than ``stable_argsort``
+    (1.2-1.3 ms), so there an ``argsort`` of at least ``HOST_SORT_MIN`` keys in all is
     ``stable_argsort``, called back from the compiled computation. A
     program holding a callback is never kept in JAX's persistent cache, so shorter sorts
     stay XLA's: their program then loads from the cache instead of compiling again in
@@ -676,7 +677,7 @@ class XlaNamespace:
 
 def stable_argsort(values: np.ndarray, axis: int = -1) -> np.ndarray:
     """``np.argsort(values, axis, kind="stable")`` as int32. Keys of at most 32 bits are
-    sorted about 14x faster (128k float32 keys: 0.67 ms against 9.2 on 2 cores): each key's
+    sorted about 7x faster (128k float32 keys: 1.2-1.3 ms against 8.8-9.0 on 2 cores): each key's
     bits, made to order as the values do, and its index are packed into one uint64, and
     NumPy sorts those (its 64-bit integer sort, vectorized); the index breaks ties as a
     stable sort does. Other keys take NumPy's stable argsort."""

@@ -274,12 +274,16 @@ def _keys(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -> 
     if dtype.kind == "f":
         pool = np.array([0.0, -0.0, np.inf, -np.inf, 1.0, -1.0, np.nan, 3e-39, -3e-39], np.float32)
         x = rng.choice(np.concatenate([pool, rng.standard_normal(8).astype(np.float32)]), size=shape)
+        x = x.astype(dtype)
+        nan = np.isnan(x)
         if dtype == np.float32:
-            bits = x.view(np.uint32)
-            nan = np.isnan(x)
-            bits[nan] = rng.choice(np.array([0x7FC00000, 0xFFC00000, 0x7FC00001, 0x7F800001], np.uint32),
-                                   size=int(nan.sum()))
-        return x.astype(dtype)
+            payloads = np.array([0x7FC00000, 0xFFC00000, 0x7FC00001, 0x7F800001], np.uint32)
+        elif dtype == np.float16:
+            payloads = np.array([0x7E00, 0xFE00, 0x7E01, 0x7C01], np.uint16)
+        else:
+            return x
+        x.view(payloads.dtype)[nan] = rng.choice(payloads, size=int(nan.sum()))
+        return x
     if dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(bool)
     info = np.iinfo(dtype)
@@ -292,11 +296,14 @@ def test_stable_argsort_is_numpys_stable_argsort(dtype):
     """The packed sort orders as NumPy's stable argsort does, ties by index: equal
     values, -0.0 and 0.0, every NaN (whatever its sign and payload) after +inf; along any
     axis, and for empty arrays (64-bit keys take NumPy's own)."""
-    from tempo.runtime.backends import stable_argsort
+    from tempo.runtime.backends import _ordered_bits, stable_argsort
     rng = np.random.default_rng(0)
-    cases = [((1000,), -1), ((7, 300), 1), ((7, 300), 0), ((3, 5, 64), 1), ((0,), 0), ((4, 0), -1)]
+    cases = [((1000,), -1), ((7, 300), 1), ((7, 300), 0), ((3, 5, 64), 1), ((0,), 0), ((4, 0), -1),
+             ((0, 5), -1)]
     for shape, axis in cases:
         keys = _keys(np.dtype(dtype), shape, rng)
+        packed = _ordered_bits(np.moveaxis(keys, axis, -1)) is not None  # (else NumPy's own sort)
+        assert packed == (np.dtype(dtype).itemsize <= 4)
         with np.errstate(invalid="raise"):  # (a signaling NaN must not reach arithmetic that warns)
             order = stable_argsort(keys, axis)
         assert order.dtype == np.int32

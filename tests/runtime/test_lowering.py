@@ -77,6 +77,8 @@ def test_entries_taking_different_branches_of_a_merge_run_one_program():
     exe = ctx.compile(bounds, [s], backend="jax", loops=tp.LoopPolicy("lowered", nests=False))
     _check(exe, ctx, bounds, [s])
     [launcher] = [launch for launch in exe._launchers.values() if launch.traced]
+    assert not launcher.choice.fallbacks, str(launcher.choice)  # (every entry ran as the scan)
+    assert launcher.choice.reused == bounds[I] - 2  # (i = 0 and 1 planned, 2 and 3 translated)
     assert len(launcher.traced) == 1, list(launcher.traced)
 
 
