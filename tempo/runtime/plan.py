@@ -465,7 +465,7 @@ class LoopPlanner:
         masked |= {key for key in finals if made_points[key].rows[-1] != trips - 1}
         # Read only where another branch is taken at the first iteration, or final only.
         zeros = tuple(sorted({key for key in (*carries, *finals, *masked) if key not in init}))
-        slots, ordinals = _canonical_merges(slots, taken)
+        slots, ordinals = _canonical_merges(slots, taken, [op.name for op, _ in self.execs])
         branches = [_per_iteration(trips, runs[pos][0], ordinals[pos][chosen], 0, np.int32)
                     for pos, chosen in taken.items()]
         active = [_per_iteration(trips, made_points[key].rows, True, False, bool)
@@ -791,7 +791,8 @@ def _shifted(linear: tuple[tuple[int, ...], ...], offset: tuple[int, ...]) -> tu
     return tuple(sum(a * d for a, d in zip(coefficients, offset)) for coefficients in linear)
 
 
-def _canonical_merges(slots: Slots, taken: dict[int, np.ndarray]) -> tuple[Slots, dict[int, np.ndarray]]:
+def _canonical_merges(slots: Slots, taken: dict[int, np.ndarray],
+                      names: list[str]) -> tuple[Slots, dict[int, np.ndarray]]:
     """Each merge's row as the slots of the branches its entry takes only, in an order of
     their own (kind, then key), and per merge the number of each branch (input) there.
 
@@ -801,9 +802,12 @@ def _canonical_merges(slots: Slots, taken: dict[int, np.ndarray]) -> tuple[Slots
     value each, and both entries run one program (compiled once, not once per branch)."""
     rows = list(slots)
     ordinals = {}
-    for pos in taken:
-        used = sorted((k for k, slot in enumerate(rows[pos]) if slot.kind != "unused"),
-                      key=lambda k: (rows[pos][k].kind, repr(rows[pos][k].key)))
+    for pos, chosen in taken.items():
+        row = rows[pos]
+        used = sorted((k for k, slot in enumerate(row) if slot.kind != "unused"),
+                      key=lambda k: (row[k].kind, repr(row[k].key)))
+        if not set(np.unique(chosen).tolist()) <= set(used):
+            raise Unlowerable(f"{names[pos]} takes a branch the scan has no value of")
         ordinal = np.zeros(len(rows[pos]), np.int32)
         ordinal[used] = np.arange(len(used), dtype=np.int32)
         ordinals[pos] = ordinal

@@ -65,3 +65,23 @@ def test_by_prefix_groups_as_a_dictionary_does(points):
     assert _by_prefix(points, rows) == expected
     assert {prefix: ks for prefix, (ks, _) in _by_prefix(points).items()} == \
         {prefix: ks for prefix, (ks, _) in expected.items()}
+
+
+def test_canonical_merges_keep_the_branch_each_iteration_takes():
+    """A merge's row keeps the taken branches' slots only, ordered by what they read, and
+    each iteration's branch number points at the slot its input had: two entries taking
+    different inputs that read the same kinds of value get equal rows. A branch taken
+    without a slot is refused (the loop is then interpreted), never read as another."""
+    from tempo.errors import Unlowerable
+    from tempo.runtime.plan import Slot, _canonical_merges
+    unused, const, carry = Slot("unused"), Slot("const", 0), Slot("carry", (7, 0))
+    first = ((const, unused, carry),)
+    later = ((unused, const, carry),)
+    rows_first, ordinals_first = _canonical_merges(first, {0: np.array([0, 2, 2])}, ["m"])
+    rows_later, ordinals_later = _canonical_merges(later, {0: np.array([1, 2, 2])}, ["m"])
+    assert rows_first == rows_later == ((carry, const),)
+    for (original,), rows, ordinals, chosen in ((first, rows_first, ordinals_first, [0, 2, 2]),
+                                                (later, rows_later, ordinals_later, [1, 2, 2])):
+        assert [rows[0][ordinals[0][k]] for k in chosen] == [original[k] for k in chosen]
+    with pytest.raises(Unlowerable, match="m takes a branch"):
+        _canonical_merges(first, {0: np.array([1, 2])}, ["m"])
