@@ -27,7 +27,7 @@ from tempo_rl.config import store_algorithm_defaults  # noqa: E402
 from tempo_rl.metrics import TrainingDiverged  # noqa: E402
 from tempo_rl.options import ConfigError  # noqa: E402
 from tempo_rl.run_dir import RunDirError  # noqa: E402
-from tempo_rl.train import train  # noqa: E402
+from tempo_rl.train import check_config, configure_cpu_dispatch, train  # noqa: E402
 
 store_algorithm_defaults()  # conf/algorithm/<name>.yaml start from the dataclasses' defaults
 
@@ -38,8 +38,11 @@ def main(cfg: DictConfig) -> float:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
+        check_config(plain)
+        dispatch = configure_cpu_dispatch(plain)  # before JAX starts: it reads the setting once
         split = distributed.distribution(plain)  # several hosts join here, before JAX runs
-        print(describe_backend(str(cfg.backend)))
+        backend = describe_backend(str(cfg.backend))
+        print(backend + (f"; {dispatch}" if dispatch and " on cpu device" in backend else ""))
         if split is not None:
             print(distributed.describe(split, int(plain["env"].get("num_envs", 8))))
         result = train(plain, out_dir, progress=bool(cfg.progress))

@@ -60,6 +60,7 @@ class RunOptions:
     profile: bool = False
     progress: bool = True
     resume_override: bool = False
+    cpu_async_dispatch: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,6 @@ class GymnasiumEnv(EnvBase):
                        saved_marker(saved, b, i))
 
 
-@register_env("gymnasium")
+@register_env("gymnasium", steps_on_host=True)
 def _from_config(cfg: dict[str, Any], num_envs: int, seed: int) -> GymnasiumEnv:
     return GymnasiumEnv(cfg["id"], num_envs=num_envs, seed=seed)

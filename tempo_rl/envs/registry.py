@@ -17,17 +17,27 @@ from tempo_rl.options import EnvOptions
 
 EnvFactory = Callable[[dict[str, Any], int, int], Env]
 ENVS: dict[str, EnvFactory] = {}
+HOST_KINDS: set[str] = set()
+"""The env kinds stepped on the host (a UDF the program waits for at every step)."""
 
 
-def register_env(kind: str) -> Callable[[EnvFactory], EnvFactory]:
-    """Register the decorated ``factory(cfg, num_envs, seed)`` as env kind ``kind``."""
+def register_env(kind: str, steps_on_host: bool = False) -> Callable[[EnvFactory], EnvFactory]:
+    """Register the decorated ``factory(cfg, num_envs, seed)`` as env kind ``kind``;
+    ``steps_on_host``: its envs step on the host, not in the graph."""
     def register(factory: EnvFactory) -> EnvFactory:
         known = ENVS.get(kind)
         if known is not None and known is not factory:
             raise ValueError(f"env kind {kind!r} is already registered (by {known.__module__})")
         ENVS[kind] = factory
+        if steps_on_host:
+            HOST_KINDS.add(kind)
         return factory
     return register
+
+
+def steps_on_host(cfg: dict[str, Any]) -> bool:
+    """Whether the env of the config's ``env`` group steps on the host."""
+    return cfg.get("kind", "gymnasium") in HOST_KINDS
 
 
 def make_env(cfg: dict[str, Any], seed: int) -> Env:

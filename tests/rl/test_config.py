@@ -34,3 +34,50 @@ def test_an_unknown_option_is_an_error():
     cfg = load_config()
     with pytest.raises(ValueError, match="has no option"):
         algorithm_config(cls, {**cfg["algorithm"], "clip_coeff": 0.1}, cfg["network"])
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ((), False),                                    # gymnasium's CartPole: stepped on the host
+    (("env=gymnax_cartpole",), True),               # in the graph
+    (("env=synthetic",), True),
+    (("cpu_async_dispatch=true",), True),           # asked for
+    (("env=gymnax_cartpole", "cpu_async_dispatch=false"), False),
+    (("backend=numpy",), None),                     # no JAX
+])
+def test_cpu_dispatch_is_synchronous_where_the_env_steps_on_the_host(overrides, expected):
+    from tempo_rl.train import cpu_async_dispatch
+    assert cpu_async_dispatch(load_config(*overrides)) is expected
+
+
+def test_a_cpu_dispatch_that_is_not_a_bool_is_a_config_error():
+    from tempo_rl.options import ConfigError
+    from tempo_rl.train import check_config
+    with pytest.raises(ConfigError, match="cpu_async_dispatch must be true or false, got 1"):
+        check_config({**load_config(), "cpu_async_dispatch": 1})
+
+
+CONFIGURE = """
+import json, sys
+import jax
+from tempo_rl.config import load_config
+from tempo_rl.train import configure_cpu_dispatch
+said = configure_cpu_dispatch(load_config(*sys.argv[1:]))
+jax.devices()  # JAX starts: the setting is read now
+later = configure_cpu_dispatch(load_config("cpu_async_dispatch=true"))
+print(json.dumps([said, jax.config.read("jax_cpu_enable_async_dispatch"), later]))
+"""
+
+
+def test_the_cpu_dispatch_is_set_before_jax_starts_and_kept_after():
+    """In a fresh process the run's choice is JAX's setting; once JAX has started, another
+    choice is not applied (JAX would ignore it) and the line says so."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    done = subprocess.run([sys.executable, "-c", CONFIGURE], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said, setting, later = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (said, setting) == ("CPU dispatch: synchronous", False)
+    assert later.startswith("CPU dispatch: synchronous (JAX had started"), later
