@@ -38,11 +38,11 @@ def main(cfg: DictConfig) -> float:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
-        check_config(plain)
+        check_config(plain)  # (first: a user's algorithm module, imported here, may register an env)
         dispatch = configure_cpu_dispatch(plain)  # before JAX starts: it reads the setting once
         split = distributed.distribution(plain)  # several hosts join here, before JAX runs
         backend = describe_backend(str(cfg.backend))
-        print(backend + (f"; {dispatch}" if dispatch and " on cpu device" in backend else ""))
+        print(backend + (f"; {dispatch}" if dispatch is not None and " on cpu device" in backend else ""))
         if split is not None:
             print(distributed.describe(split, int(plain["env"].get("num_envs", 8))))
         result = train(plain, out_dir, progress=bool(cfg.progress))

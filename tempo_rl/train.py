@@ -4,7 +4,9 @@ sinks, compile it for all iterations, and run it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from tempo import cache
 from tempo.runtime.backends import resolve_backend
 from tempo_rl import checkpoints, distributed, run_dir
 from tempo_rl.algorithms import algorithm, import_algorithm_module
-from tempo_rl.envs import NormalizedObservations, make_env, steps_on_host
+from tempo_rl.envs import NormalizedObservations, is_host_env, make_env
 from tempo_rl.metrics import MIB, MetricLogger, peak_rss_bytes
 from tempo_rl.options import AT_LEAST_ONE, ConfigError, EnvOptions, RunOptions, check_options, check_value
 
@@ -69,7 +71,9 @@ def train(cfg: dict[str, Any], out_dir: Path, progress: bool = True) -> TrainRes
     ``distributed=data`` the env dim is split over devices (``tempo_rl.distributed``)."""
     out_dir = Path(out_dir)
     check_config(cfg)
-    configure_cpu_dispatch(cfg)  # before JAX makes its CPU client
+    dispatch = configure_cpu_dispatch(cfg)  # before JAX makes its CPU client
+    if dispatch is not None and dispatch.kept:
+        warnings.warn(str(dispatch), stacklevel=2)
     split = distributed.distribution(cfg)  # first: several hosts join before JAX computes
     saved = None
     if cfg.get("resume_from"):
@@ -101,42 +105,80 @@ def check_config(cfg: dict[str, Any]) -> None:
                           f"use {fewer or more}" + (f" or {more}" if fewer else ""))
 
 
+ASYNC_DISPATCH = "jax_cpu_enable_async_dispatch"
+"""JAX's setting: whether a CPU's programs are dispatched asynchronously (read once per
+process, when JAX makes its CPU client; JAX 0.4.32 on: before, always synchronously)."""
+ASYNC_DISPATCH_VARIABLE = "JAX_CPU_ENABLE_ASYNC_DISPATCH"
+
+
 def cpu_async_dispatch(cfg: dict[str, Any]) -> bool | None:
-    """Whether JAX should dispatch a CPU's programs asynchronously for this run (None: the
-    run does not use JAX). ``cpu_async_dispatch`` when the config sets it, else false where
-    the env steps on the host: each step then waits for the policy's action, and a
-    program dispatched asynchronously costs a wake-up of JAX's worker thread on top
-    (PPO on gymnasium's CartPole at 8 envs x 64 steps: 14.6-14.9 ms an iteration
+    """Whether JAX should dispatch a CPU's programs asynchronously for this run: the
+    config's ``cpu_async_dispatch`` when set; else None where the run does not use JAX or
+    the environment sets ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` (the user's own), else false
+    where the env steps on the host: each step then waits for the policy's action, and a
+    program dispatched asynchronously costs a wake-up of JAX's worker thread on top (PPO
+    on gymnasium's CartPole at 8 envs x 64 steps: 14.6-14.9 ms an iteration
     asynchronous, 12.0-12.7 synchronous). In-graph envs keep asynchronous dispatch, the
     host planning the next loop while the device runs (gymnax at 512 x 250: 287-304 ms
     asynchronous, 314-320 synchronous)."""
     if resolve_backend(cfg.get("backend", "auto")) != "jax":
         return None
     chosen = cfg.get("cpu_async_dispatch")
-    return (not steps_on_host(cfg["env"])) if chosen is None else bool(chosen)
+    if chosen is not None:
+        return bool(chosen)
+    return None if ASYNC_DISPATCH_VARIABLE in os.environ else not is_host_env(cfg["env"])
 
 
-def configure_cpu_dispatch(cfg: dict[str, Any]) -> str | None:
-    """Set JAX's CPU dispatch for the run (``cpu_async_dispatch``) if JAX has not made its
-    CPU client yet (it reads the setting once per process); a line saying what the run
-    uses, or None where it does not use JAX."""
-    wanted = cpu_async_dispatch(cfg)
-    if wanted is None:
+@dataclass(frozen=True)
+class CpuDispatch:
+    """How JAX dispatches a CPU's programs in this process, and why not as the run asked
+    (``note``; ``kept``: the run's choice was not applied, or may not have been)."""
+
+    asynchronous: bool
+    note: str = ""
+    kept: bool = False
+
+    def __str__(self) -> str:
+        mode = "asynchronous" if self.asynchronous else "synchronous"
+        return f"CPU dispatch: {mode}" + (f" ({self.note})" if self.note else "")
+
+
+def configure_cpu_dispatch(cfg: dict[str, Any]) -> CpuDispatch | None:
+    """Set JAX's CPU dispatch for the run (``cpu_async_dispatch``) unless JAX has made its
+    backends already: JAX reads the setting once, for the rest of the process (the user's
+    later JAX work included). What the process uses, or None where the run does not use
+    JAX or this JAX has no such setting."""
+    if resolve_backend(cfg.get("backend", "auto")) != "jax":
         return None
     import jax
-    if not _jax_started():
-        jax.config.update("jax_cpu_enable_async_dispatch", wanted)
-    used = jax.config.read("jax_cpu_enable_async_dispatch")
-    line = f"CPU dispatch: {'asynchronous' if used else 'synchronous'}"
-    return line if used == wanted else f"{line} (JAX had started in this process before {wanted=} was asked)"
+    wanted = cpu_async_dispatch(cfg)
+    started = _jax_started()
+    try:
+        if wanted is not None and not started:
+            jax.config.update(ASYNC_DISPATCH, wanted)
+        used = bool(jax.config.read(ASYNC_DISPATCH))
+    except (AttributeError, KeyError):  # (a JAX without the setting)
+        return None
+    if wanted is None:
+        return CpuDispatch(used, f"as {ASYNC_DISPATCH_VARIABLE} sets it")
+    if started is None:
+        return CpuDispatch(used, "this JAX cannot tell whether it had started: if it had, its own "
+                                 "setting stays", kept=True)
+    if used != wanted:
+        return CpuDispatch(used, "JAX had started in this process before the run asked for "
+                                 f"{'asynchronous' if wanted else 'synchronous'}", kept=True)
+    return CpuDispatch(used)
 
 
-def _jax_started() -> bool:
+def _jax_started() -> bool | None:
     """Whether JAX has made its backends in this process (after which the CPU dispatch
-    setting no longer applies); False where this JAX cannot tell."""
-    from jax._src import xla_bridge
+    setting no longer applies); None where this JAX cannot tell."""
+    try:
+        from jax._src import xla_bridge
+    except ImportError:
+        return None
     started = getattr(xla_bridge, "backends_are_initialized", None)
-    return bool(started()) if started is not None else False
+    return None if started is None else bool(started())
 
 
 def _cache_programs(cfg: dict[str, Any]) -> None:

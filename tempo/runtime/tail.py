@@ -1,7 +1,8 @@
 """Late sinks: the host ops that only feed sinks run one occurrence late.
 
-On an asynchronous backend (JAX) the device works through what the program dispatched
-while the host goes on, until a host op reads a device value: then the host waits for the
+On an asynchronous backend (JAX; on a CPU unless dispatch is synchronous, as tempo_rl
+chooses for host envs) the device works through what the program dispatched while the
+host goes on, until a host op reads a device value: then the host waits for the
 device, and the device waits for the host's next dispatch. A training iteration ends in
 such host work: PPO's metrics sink, its checkpoint sink and the env's record of the
 iteration's episodes read the values the iteration just computed, so every iteration

@@ -7,9 +7,9 @@ from tempo_rl.envs.gymnasium_env import GymnasiumEnv
 from tempo_rl.envs.gymnax_env import GymnaxEnv
 from tempo_rl.envs.jax_env import JaxEnv
 from tempo_rl.envs.normalize import NormalizedObservations
-from tempo_rl.envs.registry import ENVS, make_env, register_env, steps_on_host
+from tempo_rl.envs.registry import ENVS, is_host_env, make_env, register_env
 from tempo_rl.envs.synthetic import SyntheticEnv
 
 __all__ = ["ENVS", "BraxEnv", "Env", "EnvBase", "EpisodeStats", "GymnasiumEnv", "GymnaxEnv", "JaxEnv",
            "NormalizedObservations", "Policy", "Rollout", "Snapshots", "SyntheticEnv", "make_env",
-           "register_env", "steps_on_host"]
+           "is_host_env", "register_env"]

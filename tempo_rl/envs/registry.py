@@ -23,7 +23,7 @@ HOST_KINDS: set[str] = set()
 
 def register_env(kind: str, steps_on_host: bool = False) -> Callable[[EnvFactory], EnvFactory]:
     """Register the decorated ``factory(cfg, num_envs, seed)`` as env kind ``kind``;
-    ``steps_on_host``: its envs step on the host, not in the graph."""
+    ``steps_on_host``: its envs step on the host, not in the graph (``is_host_env``)."""
     def register(factory: EnvFactory) -> EnvFactory:
         known = ENVS.get(kind)
         if known is not None and known is not factory:
@@ -31,11 +31,13 @@ def register_env(kind: str, steps_on_host: bool = False) -> Callable[[EnvFactory
         ENVS[kind] = factory
         if steps_on_host:
             HOST_KINDS.add(kind)
+        else:
+            HOST_KINDS.discard(kind)
         return factory
     return register
 
 
-def steps_on_host(cfg: dict[str, Any]) -> bool:
+def is_host_env(cfg: dict[str, Any]) -> bool:
     """Whether the env of the config's ``env`` group steps on the host."""
     return cfg.get("kind", "gymnasium") in HOST_KINDS
 

@@ -23,6 +23,12 @@ def test_multirun_writes_metrics_checkpoints_and_wandb(tmp_path):
                           env={"WANDB_SILENT": "true", "PATH": "/usr/bin:/bin",
                                "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
+    # gymnasium's envs step on the host: on a CPU, JAX set to dispatch synchronously before
+    # it started (each job's first line; an accelerator's says nothing of the CPU)
+    firsts = [line for line in done.stdout.splitlines() if line.startswith("backend: ")]
+    assert len(firsts) == 2, done.stdout[:1000]
+    for line in firsts:
+        assert line.endswith("; CPU dispatch: synchronous") or " on cpu device" not in line, line
     jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and "seed" in p.name)
     assert [p.name.rsplit("seed", 1)[1] for p in jobs] == ["0", "1"]
     for job in jobs:

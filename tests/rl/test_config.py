@@ -44,9 +44,24 @@ def test_an_unknown_option_is_an_error():
     (("env=gymnax_cartpole", "cpu_async_dispatch=false"), False),
     (("backend=numpy",), None),                     # no JAX
 ])
-def test_cpu_dispatch_is_synchronous_where_the_env_steps_on_the_host(overrides, expected):
-    from tempo_rl.train import cpu_async_dispatch
+def test_cpu_dispatch_is_synchronous_where_the_env_steps_on_the_host(overrides, expected, monkeypatch):
+    from tempo_rl.train import ASYNC_DISPATCH_VARIABLE, cpu_async_dispatch
+    monkeypatch.delenv(ASYNC_DISPATCH_VARIABLE, raising=False)
     assert cpu_async_dispatch(load_config(*overrides)) is expected
+
+
+def test_jaxs_own_environment_variable_keeps_its_dispatch_unless_the_config_sets_one(monkeypatch):
+    from tempo_rl.train import ASYNC_DISPATCH_VARIABLE, cpu_async_dispatch
+    monkeypatch.setenv(ASYNC_DISPATCH_VARIABLE, "1")
+    assert cpu_async_dispatch(load_config()) is None
+    assert cpu_async_dispatch(load_config("cpu_async_dispatch=false")) is False
+
+
+def test_a_checkpoint_from_before_the_dispatch_option_resumes_without_differences():
+    from tempo_rl.checkpoints import config_differences
+    new = load_config()
+    old = {k: v for k, v in new.items() if k != "cpu_async_dispatch"}
+    assert config_differences(old, new) == []
 
 
 def test_a_cpu_dispatch_that_is_not_a_bool_is_a_config_error():
@@ -57,27 +72,32 @@ def test_a_cpu_dispatch_that_is_not_a_bool_is_a_config_error():
 
 
 CONFIGURE = """
-import json, sys
+import json
 import jax
 from tempo_rl.config import load_config
 from tempo_rl.train import configure_cpu_dispatch
-said = configure_cpu_dispatch(load_config(*sys.argv[1:]))
+said = configure_cpu_dispatch(load_config())
 jax.devices()  # JAX starts: the setting is read now
 later = configure_cpu_dispatch(load_config("cpu_async_dispatch=true"))
-print(json.dumps([said, jax.config.read("jax_cpu_enable_async_dispatch"), later]))
+print(json.dumps([str(said), said.kept, jax.config.read("jax_cpu_enable_async_dispatch"), str(later),
+                  later.kept]))
 """
 
 
 def test_the_cpu_dispatch_is_set_before_jax_starts_and_kept_after():
     """In a fresh process the run's choice is JAX's setting; once JAX has started, another
-    choice is not applied (JAX would ignore it) and the line says so."""
+    choice is not applied (JAX would ignore it) and the run says so."""
     import json
+    import os
     import subprocess
     import sys
     from pathlib import Path
+
+    from tempo_rl.train import ASYNC_DISPATCH_VARIABLE
+    env = {k: v for k, v in os.environ.items() if k != ASYNC_DISPATCH_VARIABLE}
     done = subprocess.run([sys.executable, "-c", CONFIGURE], cwd=Path(__file__).resolve().parents[2],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    said, setting, later = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (said, setting) == ("CPU dispatch: synchronous", False)
-    assert later.startswith("CPU dispatch: synchronous (JAX had started"), later
+    said, said_kept, setting, later, later_kept = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (said, said_kept, setting) == ("CPU dispatch: synchronous", False, False)
+    assert later.startswith("CPU dispatch: synchronous (JAX had started") and later_kept, later
