@@ -101,3 +101,17 @@ def test_the_cpu_dispatch_is_set_before_jax_starts_and_kept_after():
     said, said_kept, setting, later, later_kept = json.loads(done.stdout.strip().splitlines()[-1])
     assert (said, said_kept, setting) == ("CPU dispatch: synchronous", False, False)
     assert later.startswith("CPU dispatch: synchronous (JAX had started") and later_kept, later
+
+
+def test_a_run_that_cannot_take_its_dispatch_warns(tmp_path):
+    """JAX has started in this process: a run asking for the other dispatch keeps the
+    process's and says so."""
+    import jax
+
+    from tempo_rl.train import train
+    jax.devices()
+    other = "false" if jax.config.read("jax_cpu_enable_async_dispatch") else "true"
+    cfg = load_config("env=synthetic", "env.num_envs=2", "algorithm.num_steps=4", "total_timesteps=8",
+                      f"cpu_async_dispatch={other}", "progress=false")
+    with pytest.warns(UserWarning, match="CPU dispatch: .* \\(JAX had started in this process"):
+        train(cfg, tmp_path / "run", progress=False)
