@@ -122,6 +122,9 @@ class Measurement:
     parameters, tracing and compiling."""
     episodes: list[int] = field(default_factory=list)
     """Episodes finished in each iteration (``episode_returns`` in order)."""
+    init_compile_s: float | None = None
+    """The JAX PPO's initialization program's compile (parameters, optimizer state, first
+    env states; PureJaxRL compiles them inside its one program), not in ``compile_s``."""
 
 
 def score(env: EnvSettings, steps_per_iteration: int, returns: list[float], last: bool = True) -> float:

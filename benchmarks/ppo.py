@@ -105,7 +105,8 @@ def worker(spec: str) -> None:
         return {"compile_s": m.compile_s, "iteration_s": m.iteration_s, "note": m.note,
                 "score_first": score(cell.env, cell.steps_per_iteration, m.episode_returns, last=False),
                 "score_last": score(cell.env, cell.steps_per_iteration, m.episode_returns),
-                "setup_s": m.setup_s, "episodes": m.episodes, "returns": m.episode_returns}
+                "setup_s": m.setup_s, "episodes": m.episodes, "returns": m.episode_returns,
+                "init_compile_s": m.init_compile_s}
     report_result(run)
 
 
@@ -126,6 +127,8 @@ class Row:
     score_last: float | None = None
     note: str = ""
     error: str = ""
+    init_compile_s: float | None = None
+    """The JAX PPO's initialization program's compile (``Measurement.init_compile_s``)."""
 
     @property
     def steps_per_s(self) -> float | None:
@@ -144,7 +147,7 @@ def spawn(cell: Cell, timeout: float) -> Row:
     first = sum(times[:cell.warmup]) if cell.warmup and len(times) > cell.warmup else None
     ready = out["compile_s"] + times[0] if out["compile_s"] is not None and times else None
     return Row(cell, out["compile_s"], first, ready, median, out["peak_rss_mb"], out["score_first"],
-               out["score_last"], out.get("note", ""))
+               out["score_last"], out.get("note", ""), init_compile_s=out.get("init_compile_s"))
 
 
 # ---- what to run --------------------------------------------------------------------------
@@ -197,7 +200,7 @@ MEASURED = ["compile s", "first iter s", "ready s", "s/iter", "env steps/s", "pe
 def main_table(env_name: str, config: str, rows: list[Row], markdown: bool) -> str:
     """The systems side by side, with ratios to the Tempo rows on the same env implementation."""
     headers = ["system", "env", *MEASURED, "s/iter / tempo-numpy", "s/iter / tempo-jax",
-               "RSS / tempo-numpy", "RSS / tempo-jax", "jax compile / ready"]
+               "RSS / tempo-numpy", "RSS / tempo-jax", "jax compile / ready", "jax compiles / ready"]
     ref = {(r.cell.system, r.cell.impl): r for r in rows if r.cell.system in TEMPO and not r.error}
     jax_rows = {r.cell.impl: r for r in rows if r.cell.system == "jax" and not r.error}
     impls = list(dict.fromkeys(r.cell.impl for r in rows))
@@ -212,14 +215,22 @@ def main_table(env_name: str, config: str, rows: list[Row], markdown: bool) -> s
                      ratio(r.iteration_s, jax_ref and jax_ref.iteration_s),
                      ratio(r.peak_rss_mb, np_ref and np_ref.peak_rss_mb),
                      ratio(r.peak_rss_mb, jax_ref and jax_ref.peak_rss_mb),
-                     ratio(jax_rows[r.cell.impl].compile_s, r.ready_s)
-                     if r.cell.system in TEMPO and r.cell.impl in jax_rows else "—"])
+                     *((ratio(jax_rows[r.cell.impl].compile_s, r.ready_s),
+                        ratio(_all_compiles(jax_rows[r.cell.impl]), r.ready_s))
+                       if r.cell.system in TEMPO and r.cell.impl in jax_rows else ("—", "—"))])
     c = rows[0].cell
     title = (f"PPO on {env_name}, config {config}: {c.env.num_envs} envs x {c.ppo.num_steps} steps = "
              f"{c.steps_per_iteration:,} env steps/iteration, {c.warmup} warm-up + {c.iterations} "
              f"measured iterations")
     notes = sorted({f"{r.cell.label}: {r.note}" for r in rows if r.note})
     return render(title, headers, body, notes, markdown, text_columns=2)
+
+
+def _all_compiles(row: Row) -> float | None:
+    """The JAX PPO's programs compiled, its initialization's and its iteration's."""
+    if row.compile_s is None or row.init_compile_s is None:
+        return None
+    return row.compile_s + row.init_compile_s
 
 
 def ablation_table(env_name: str, config: str, rows: list[Row], markdown: bool) -> str:
@@ -244,7 +255,9 @@ FOOTNOTES = [
     "Tempo's JAX backend jit-compiles its kernels during the first iteration (first iter s: the "
     "warm-up iterations together). ready s: compile plus the first iteration; jax compile / ready: "
     "the JAX PPO's compile over a Tempo row's ready s (1x or more: Tempo's first iteration is done "
-    "no later than the JAX PPO has compiled).",
+    "no later than the JAX PPO has compiled); jax compiles / ready: the same with the JAX PPO's "
+    "initialization program's compile added (parameters, optimizer state, first env states: "
+    "PureJaxRL compiles them inside its one program, and Tempo's ready s includes its own).",
     "peak RSS: ru_maxrss of the process that ran the cell (one fresh process per cell).",
     "score: on the synthetic env the mean reward per step over about one iteration's episodes, the "
     "first ones -> the last ones (random policy 1/num_actions = 0.5, perfect 1.0); on CartPole the "

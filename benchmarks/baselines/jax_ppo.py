@@ -248,7 +248,11 @@ def run(cell: Cell) -> Measurement:
                   "critic": init_mlp(critic_key, [spec.obs_dim, *hp.hidden, 1], 1.0)}
         obs, env_state = env.reset(env_key)
         return Runner(params, optimizer.init(params), env_state, obs, jnp.zeros(spec.num_envs), key)
-    runner = jax.jit(initial)(jax.random.PRNGKey(cell.seed))
+    key = jax.random.PRNGKey(cell.seed)
+    start = time.perf_counter()
+    init = jax.jit(initial).lower(key).compile()
+    init_compile_s = time.perf_counter() - start
+    runner = init(key)
 
     start = time.perf_counter()
     step = jax.jit(make_iteration(hp, spec, env, optimizer)).lower(runner).compile()
@@ -268,4 +272,5 @@ def run(cell: Cell) -> Measurement:
         ended = np.asarray(running)[np.asarray(done) > 0].tolist()
         returns.extend(ended)
         finished.append(len(ended))
-    return Measurement(compile_s, times, returns, setup_s=setup_s, episodes=finished)
+    return Measurement(compile_s, times, returns, setup_s=setup_s, episodes=finished,
+                       init_compile_s=init_compile_s)

@@ -362,6 +362,7 @@ class JaxBackend:
             outs = tuple(outs) if multi else (outs,)
             written = tuple(buffer.written(outs[out]) for buffer, (out, _) in zip(buffers, writes))
             return tuple(o for k, o in enumerate(outs) if k not in into_buffers), written
+        run.__name__ = run.__qualname__ = "block_" + _program_name(op.kind, params)
         return run
 
     def compile_later(self, kernel: Callable, static: Any, args: tuple, first: bool = False) -> Future:

@@ -1035,6 +1035,7 @@ class LoopLauncher:
             dense = iter(per_iteration)
             outputs = tuple(rows[sparse[key]][:-1] if key in sparse else next(dense) for key in plan.exported)
             return (last, outputs) if span is None else (last, outputs, held)
+        run.__name__ = run.__qualname__ = f"scan_{self.choice.name}"  # (JAX's logs, profiles, dumps)
         return run
 
     def _block_bodies(self, span: _Span) -> dict[int, tuple[Callable, tuple[int, ...], list[int],

@@ -367,7 +367,7 @@ def test_later_row_counts_compile_in_the_background(monkeypatch):
 
     class Compiles(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().startswith("Compiling jit(run)"):
+            if record.getMessage().startswith("Compiling jit(block_"):
                 compiles.append(threading.current_thread() is threading.main_thread())
     handler, logger = Compiles(), logging.getLogger("jax")
     logger.addHandler(handler)
