@@ -808,10 +808,9 @@ def _canonical_merges(slots: Slots, taken: dict[int, np.ndarray],
                       key=lambda k: (row[k].kind, repr(row[k].key)))
         if not set(np.unique(chosen).tolist()) <= set(used):
             raise Unlowerable(f"{names[pos]} takes a branch the scan has no value of")
-        ordinal = np.zeros(len(rows[pos]), np.int32)
-        ordinal[used] = np.arange(len(used), dtype=np.int32)
-        ordinals[pos] = ordinal
-        rows[pos] = tuple(rows[pos][k] for k in used)
+        ordinals[pos] = np.zeros(len(row), np.int32)
+        ordinals[pos][used] = np.arange(len(used), dtype=np.int32)
+        rows[pos] = tuple(row[k] for k in used)
     return tuple(rows), ordinals
 
 
