@@ -299,8 +299,13 @@ def _linear_recurrence(xp: Any, p: dict, c: Any, d: Any) -> Any:
     (``forward``: ``x[k] = d[k] + c[k] * x[k - 1]`` from ``x[0] = d[0]``, ``c`` the last
     ``n - 1`` rows' or all, the first unused), in log2 ``n`` doubling steps (each row
     composes the next ``2^r`` rows' affine maps) of array operations alone: the same
-    arithmetic on every backend, and no sequential loop."""
+    arithmetic on every backend, and no sequential loop. A namespace with its own
+    ``linear_recurrence(c, d, dim, forward)`` runs that instead (JAX on a CPU: a
+    sequential scan, ``tempo.runtime.backends.XlaNamespace``)."""
     dim = p["dim"] % d.ndim
+    own = getattr(xp, "linear_recurrence", None)
+    if own is not None:
+        return own(c, d, dim, p["forward"])
     x, a = xp.moveaxis(d, dim, 0), xp.moveaxis(c, dim, 0)
     if p["forward"]:
         x, a = x[::-1], a[::-1]

@@ -609,6 +609,14 @@ class XlaNamespace:
     every run (PPO at 8 envs x 64 steps: 0.17 s), for 45 us a sort of 512 keys. Results
     are the same: both sorts are stable.
 
+    On CPU too, a ``linear_recurrence`` (GAE's, lifted by ``tempo.passes.lift``) is a
+    sequential ``lax.scan`` over its rows rather than log2 n doubling steps over whole
+    arrays: for PPO's advantages at 250 x 512 the scan compiled in 70 ms against 200 ms
+    and ran in 0.10-0.27 ms against 0.85-1.06 ms; at 64 x 8, 45 ms against 120 ms and
+    8 us against 13-20 us (2-core CPU, 2026-11-28). Both are the same recurrence; sums
+    differ in their last bits (5e-7 apart). On an accelerator the doubling's few
+    array-wide steps stay, against a scan's launch per row.
+
     Matrix products of float32 values run at float32 precision on every device, as the
     NumPy reference's do: JAX's default on a GPU rounds their inputs to TensorFloat-32
     (10 mantissa bits), about 1e-3 apart from float32 (a 4-layer decoder's logits moved
@@ -622,6 +630,7 @@ class XlaNamespace:
         """What kernels traced with this namespace depend on beyond their op (a key part)."""
         if on_cpu:
             self.argsort = self._host_argsort
+            self.linear_recurrence = self._scanned_recurrence
 
     def matmul(self, a: Any, b: Any) -> Any:
         return self._jnp.matmul(a, b, precision=self._jax.lax.Precision.HIGHEST)
@@ -674,6 +683,31 @@ class XlaNamespace:
             return stable_argsort(np.asarray(values), axis)
         result = self._jax.ShapeDtypeStruct(x.shape, self._jnp.int32)
         return self._jax.pure_callback(sort, result, x)
+
+
+    def _scanned_recurrence(self, c: Any, d: Any, dim: int, forward: bool) -> Any:
+        """``ops._linear_recurrence`` as one ``lax.scan`` along ``dim``: ``x[k] = d[k] +
+        c[k] * x[k + 1]`` from the last row (``forward``: ``x[k - 1]``, from the first),
+        ``c`` holding the ``n - 1`` coefficients used or all ``n`` rows (the unused one
+        the last, or with ``forward`` the first)."""
+        jnp = self._jnp
+        x, a = jnp.moveaxis(d, dim, 0), jnp.moveaxis(c, dim, 0)
+        n = x.shape[0]
+        if n < 2:
+            return d
+        a = a[a.shape[0] - (n - 1):] if forward else a[:n - 1]
+
+        def step(after: Any, row: tuple[Any, Any]) -> tuple[Any, Any]:
+            coefficient, term = row
+            value = term + coefficient * after
+            return value, value
+        if forward:
+            _, rest = self._jax.lax.scan(step, x[0], (a, x[1:]))
+            rows = jnp.concatenate([x[:1], rest])
+        else:
+            _, rest = self._jax.lax.scan(step, x[n - 1], (a, x[:n - 1]), reverse=True)
+            rows = jnp.concatenate([rest, x[n - 1:]])
+        return jnp.moveaxis(rows, 0, dim).astype(d.dtype)
 
 
 def stable_argsort(values: np.ndarray, axis: int = -1) -> np.ndarray:

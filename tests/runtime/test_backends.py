@@ -308,3 +308,41 @@ def test_stable_argsort_is_numpys_stable_argsort(dtype):
             order = stable_argsort(keys, axis)
         assert order.dtype == np.int32
         np.testing.assert_array_equal(order, np.argsort(keys, axis=axis, kind="stable"))
+
+
+def _recurrence_by_loop(c: np.ndarray, d: np.ndarray, dim: int, forward: bool) -> np.ndarray:
+    """``x[k] = d[k] + c[k] * x[k -/+ 1]`` row by row, in float64 (``c`` all ``n`` rows)."""
+    c, d = np.moveaxis(c, dim, 0).astype(np.float64), np.moveaxis(d, dim, 0).astype(np.float64)
+    x, n = d.copy(), d.shape[0]
+    for k in (range(1, n) if forward else range(n - 2, -1, -1)):
+        x[k] = d[k] + c[k] * x[k - 1 if forward else k + 1]
+    return np.moveaxis(x, 0, dim)
+
+
+@pytest.mark.parametrize("forward", [False, True])
+def test_linear_recurrence_on_cpu_is_the_recurrence(forward):
+    """JAX on a CPU runs ``linear_recurrence`` as a scan (``XlaNamespace``), NumPy by
+    doubling steps: both give the recurrence, along any dim, with the coefficients of
+    every row or of the ``n - 1`` rows used, for any length (one row: the terms)."""
+    import jax
+    import jax.numpy as jnp
+
+    from tempo.ir.ops import _linear_recurrence
+    from tempo.runtime.backends import XlaNamespace
+
+    xla = XlaNamespace(jax, jnp, on_cpu=True)
+    assert xla.linear_recurrence == xla._scanned_recurrence  # (the scan, not the doubling)
+    rng = np.random.default_rng(1)
+    for shape, dim in [((250, 16), 0), ((3, 64, 2), 1), ((5, 7), -1), ((1, 4), 0), ((2, 3), 0)]:
+        d = rng.normal(size=shape).astype(np.float32)
+        c = rng.uniform(0.0, 1.0, size=shape).astype(np.float32)
+        expected = _recurrence_by_loop(c, d, dim, forward)
+        n = shape[dim]
+        used = [slice(None)] * len(shape)
+        used[dim] = slice(1, None) if forward else slice(0, n - 1)
+        for coefficients in (c, c[tuple(used)]):
+            params = {"dim": dim, "forward": forward}
+            for xp in (xla, np):
+                got = np.asarray(_linear_recurrence(xp, params, coefficients, d))
+                assert got.dtype == np.float32 and got.shape == d.shape
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
