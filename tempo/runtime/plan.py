@@ -17,6 +17,7 @@ keys.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -124,15 +125,28 @@ class Plan:
     frees: list[tuple[Op, tuple[int, ...], list[tuple]]]  # frees (op, outputs, points) of
                                                # points made before the loop
 
-    @property
-    def signature(self) -> tuple:
-        return (self.slots, self.carries, self.masked, self.exported, self.sparse, self.finals,
-                len(self.branches), self.trips, self.runs, self.zeros)
+    @cached_property
+    def signature(self) -> Signature:
+        """What decides its scan's program (the key of compiled scans)."""
+        return Signature((self.slots, self.carries, self.masked, self.exported, self.sparse, self.finals,
+                          len(self.branches), self.trips, self.runs, self.zeros))
 
     @property
     def arguments(self) -> tuple:
         """What its scan is called with (``LoopLauncher._scan``'s ``run``)."""
         return self.consts, self.stacked, self.branches, self.active, self.rows_at, self.carry_init
+
+
+class Signature(tuple):
+    """A plan's ``signature``, hashed once: it holds a slot per input of every op of the
+    body (PPO's update loop, about 200), and each entry looks its scan up by it. The plans
+    of a template's translates share their template's."""
+
+    def __hash__(self) -> int:
+        known = self.__dict__.get("hash")
+        if known is None:
+            known = self.__dict__["hash"] = tuple.__hash__(self)
+        return known
 
 
 STORED, IN_BODY, IN_CARRY = 1, 2, 4
@@ -308,6 +322,7 @@ class LoopPlanner:
                 self.indices.append((place, compile_vectorized(s.index, counters),
                                      compile_vectorized(guard, counters) if guard else None))
             self.items.append((s.name, statements[s.name], groups[key]))
+        self.item_groups = [group for _, _, group in self.items]
         self.exec_items = [n for n, (name, st, _) in enumerate(self.items)
                            if st.kind == "exec" and not point_op(st.op) and name not in deferred]
         """Per exec, its statement's position among the items."""
@@ -316,7 +331,15 @@ class LoopPlanner:
         self.positions = {op.id: pos for pos, (op, _) in enumerate(self.execs)}
         self.exec_groups = [self.items[n][2] for n in self.exec_items]
         """Per exec, its index group (execs of one group move by the same offset)."""
+        self.point_items = [n for n, (_, st, _) in enumerate(self.items)
+                            if st.kind == "exec" and point_op(st.op)]
+        """Positions among the items of the point ops, which run on the host as the plan is made."""
         self.frees = [n for n, (_, st, _) in enumerate(self.items) if st.kind == "free"]
+        self.free_checks = list(dict.fromkeys(
+            (self.items[n][2], self.exec_groups[self.positions[self.items[n][1].op.id]])
+            for n in self.frees if self.items[n][1].op.id in self.positions))
+        """Per free of a point the loop makes, once per kind: its index group and its op's
+        (an entry moves both by one offset, or is no translate)."""
         self.freed_later = {n: tuple(k for k in self.items[n][1].freed
                                      if (self.items[n][1].op.id, k) not in self.deferred_keys)
                             for n in self.frees}
@@ -344,6 +367,8 @@ class LoopPlanner:
                         for pos, (op, edges) in enumerate(self.execs) if op.kind == "merge"}
         """Per merge: its index group, dims and conditions (merges alike take the same
         branches)."""
+        self.choice_heads = list({choice: pos for pos, choice in reversed(self.choices.items())}.values())
+        """The first merge of each kind of ``choices`` (``_taken`` shares its branches with the others)."""
         self.templates: list[_Template] = []
         self.reused = 0
         """Entries whose plan was a template's."""
@@ -392,7 +417,7 @@ class LoopPlanner:
 
     def _per_statement(self, groups: Instances) -> Instances:
         """Each statement's instances, from its index group's."""
-        return [groups[group] for _, _, group in self.items]
+        return [groups[group] for group in self.item_groups]
 
     def plan(self, outer: tuple[int, ...], space: Space) -> Plan:
         """Every read of every iteration of this entry, resolved to the iteration that
@@ -404,9 +429,10 @@ class LoopPlanner:
         trips = space.trips
         groups = self._groups(outer, space)
         instances = self._per_statement(groups)
-        for (name, st, _), (iterations, coords) in zip(self.items, instances):
-            if st.kind == "exec" and point_op(st.op) and len(iterations):
-                self.batched[name](coords, tuples(coords, len(iterations)))
+        for n in self.point_items:
+            iterations, coords = instances[n]
+            if len(iterations):
+                self.batched[self.items[n][0]](coords, tuples(coords, len(iterations)))
         for n, template in enumerate(self.templates):
             plan = self._reuse(template, groups, instances, trips)
             if plan is not None:
@@ -434,7 +460,8 @@ class LoopPlanner:
         """``template``'s plan, the template kept first (without the plan's stored values:
         an entry that reuses it reads its own)."""
         self.templates = [template, *self.templates[:TEMPLATES - 1]]
-        plan, template.plan = template.plan, replace(template.plan, consts=[], stacked=[], carry_init={})
+        plan = template.plan
+        template.plan = _sharing_signature(replace(plan, consts=[], stacked=[], carry_init={}), plan)
         return plan
 
     # ---- a new plan ------------------------------------------------------------------------
@@ -697,15 +724,13 @@ class LoopPlanner:
             if offset is False:
                 return None
             moved.append(offset)
-        offsets = [moved[group] for _, _, group in self.items]
-        ops = [offsets[n] for n in self.exec_items]  # per exec: the offset of its points
-        for n in self.frees:
-            pos = self.positions.get(self.items[n][1].op.id)
-            if pos is not None and offsets[n] is not ANY and ops[pos] not in (ANY, offsets[n]):
+        for freed, making in self.free_checks:
+            if moved[freed] is not ANY and moved[making] not in (ANY, moved[freed]):
                 return None
+        ops = [moved[group] for group in self.exec_groups]  # per exec: the offset of its points
         runs = [instances[n] for n in self.exec_items]
         taken = self._taken(runs)
-        if any(not _same(taken[pos], was) for pos, was in template.taken.items()):
+        if any(not _same(taken[pos], template.taken[pos]) for pos in self.choice_heads):
             return None
         reads = self._moved_reads(template, runs, ops)
         if reads is None:
@@ -713,9 +738,10 @@ class LoopPlanner:
         consts, stacked, init = self._fetch(reads, template.fetches, trips)
         made = {key: Made(m.rows, runs[self.positions[key[0]]][1], m.freed)
                 for key, m in old.made.items()}
-        return Plan(old.slots, old.carries, old.masked, old.exported, old.sparse, old.finals, consts,
+        plan = Plan(old.slots, old.carries, old.masked, old.exported, old.sparse, old.finals, consts,
                     stacked, old.branches, old.active, old.rows_at, init, old.zeros, trips, old.runs, made,
                     self._later(instances, template.frees_after))
+        return _sharing_signature(plan, old)
 
     def _moved_reads(self, template: _Template, runs: list,
                      ops: list) -> list[list[Reads | FirstRead | None]] | None:
@@ -733,6 +759,7 @@ class LoopPlanner:
                 return None
         made = template.checks.made
         reads: list[list[Reads | FirstRead | None]] = [[None] * len(row) for row in template.reads]
+        shifts: dict[tuple, tuple[int, ...]] = {}  # (reads alike, as a model's parameters, move alike)
         for pos, k in template.checks.each:
             r = template.reads[pos][k]
             assert r is not None
@@ -740,11 +767,13 @@ class LoopPlanner:
             target = ops[self.positions[src]] if src in made else ANY
             linear = self.linear[self.execs[pos][0].id][k]
             if linear is not None:
-                shift = _shifted(linear, ops[pos])
+                shift = shifts.get((linear, ops[pos]))
+                if shift is None:
+                    shift = shifts[linear, ops[pos]] = _shifted(linear, ops[pos])
                 if target is not ANY and shift != target:
                     return None
                 if fetched[pos, k] != "stacked":  # one stored value: only its first point is read
-                    reads[pos][k] = FirstRead(r.edge, tuple(a + d for a, d in zip(r.first_point, shift)))
+                    reads[pos][k] = FirstRead(r.edge, tuple(map(operator.add, r.first_point, shift)))
                     continue
                 coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
             else:
@@ -783,6 +812,13 @@ class LoopPlanner:
                     maker = of_group.setdefault(self.exec_groups[self.positions[src]], self.positions[src])
                     shifts[linear, reader, maker] = None
         return _ReadChecks(list(shifts), each, made)
+
+
+def _sharing_signature(plan: Plan, like: Plan) -> Plan:
+    """``plan``, whose structure is ``like``'s, holding ``like``'s signature object: the
+    lookups of its scan then find the key by identity."""
+    plan.__dict__["signature"] = like.signature
+    return plan
 
 
 def _shifted(linear: tuple[tuple[int, ...], ...], offset: tuple[int, ...]) -> tuple[int, ...]:
