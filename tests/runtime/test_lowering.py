@@ -82,6 +82,76 @@ def test_entries_taking_different_branches_of_a_merge_run_one_program():
     assert len(launcher.traced) == 1, list(launcher.traced)
 
 
+def _restarted_recurrences(shared: bool):
+    """Over (i, t): ``s`` starts each t loop from the entry before's last value plus one
+    (a stored value of another op) and carries ``h`` over t, as PPO's update loop starts
+    each Adam moment; with ``shared``, ``r`` restarts from another stored value and
+    carries the same ``h``."""
+    ctx = tp.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.const(np.linspace(-1, 1, 80, dtype=np.float32).reshape(4, 20))[i, t]
+        s = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
+        r = tp.placeholder(shape=(), dtype="float32", domain=(i, t))
+        s[0, 0] = x[0, 0]
+        s[i, 0] = s[i - 1, T - 1] + 1.0
+        h = (s * 0.5 + r * 0.25 + x).tanh() if shared else (s * 0.5 + x).tanh()
+        s[i, t + 1] = h[i, t]
+        r[0, 0] = x[0, 0] * 2.0
+        r[i, 0] = r[i - 1, T - 1] - 1.0
+        r[i, t + 1] = (h[i, t] if shared else r[i, t] * 0.9 + x[i, t])
+    return ctx, {I: 4, T: 20}, [s, r]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_carry_starts_from_the_stored_value_its_merge_takes_first(shared, monkeypatch):
+    """A merge that reads a stored value at the loop's first iteration and a carry at
+    every other reads the carry alone, started from that value (a seed): its select
+    leaves the scan. Two merges that would start one carry from two values: one seeds it,
+    the other keeps its select. With seeds or without, the reference's values."""
+    from tempo.runtime.plan import LoopPlanner as Planner
+    seeded = _lowered_restarts(shared, monkeypatch)
+    monkeypatch.setattr(Planner, "_seeded", lambda self, slots, fetches, taken, *_: (slots, fetches, taken))
+    unseeded = _lowered_restarts(shared, monkeypatch)
+    assert seeded["seeds"] == 1 and unseeded["seeds"] == 0  # (unshared, ``r`` restarts outside the scan)
+    assert seeded["merge slots"] == ([1, 2] if shared else [1, 1])
+    assert unseeded["selects"] - seeded["selects"] == 1
+
+
+def _lowered_restarts(shared: bool, monkeypatch) -> dict[str, object]:
+    """``_restarted_recurrences`` lowered and checked against the reference: the seeds of
+    its t loop's plan, the slots of its merges and the selects its scan applies."""
+    import jax
+
+    from tempo.runtime.lowering import LoopLauncher
+    plans, run_lowered = [], LoopLauncher._run_lowered
+    monkeypatch.setattr(LoopLauncher, "_run_lowered",
+                        lambda self, plan, span=None: (plans.append(plan), run_lowered(self, plan, span))[1])
+    ctx, bounds, outputs = _restarted_recurrences(shared)
+    exe = ctx.compile(bounds, outputs, backend="jax", loops=tp.LoopPolicy("lowered", nests=False))
+    _check(exe, ctx, bounds, outputs)
+    monkeypatch.setattr(LoopLauncher, "_run_lowered", run_lowered)
+    [launcher] = [launch for launch in exe._launchers.values() if launch.traced]
+    assert not launcher.choice.fallbacks, str(launcher.choice)
+    assert len(plans) == bounds[ctx.bounds[0]] and launcher.planner.reused  # (translated entries too)
+    planner, plan = launcher.planner, plans[-1]
+    return {"seeds": sum(fetch[0] == "seed" for fetch in planner.templates[0].fetches),
+            "merge slots": sorted(len(plan.slots[pos]) for pos in planner.choices),
+            "selects": _selects(jax.make_jaxpr(launcher._scan(plan))(*plan.arguments).jaxpr)}
+
+
+def _selects(jaxpr) -> int:
+    """The ``select_n`` a jaxpr applies, those of the functions it calls included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "select_n"
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                count += _selects(inner)
+    return count
+
+
 def test_moved_reads_check_each_kind_of_affine_read_as_each_read():
     """A template's affine reads of values the loop makes are checked once per kind
     (coefficients, reader's and maker's index groups): an entry moved by any offsets per
