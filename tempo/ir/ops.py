@@ -298,8 +298,8 @@ def _linear_recurrence(xp: Any, p: dict, c: Any, d: Any) -> Any:
     ``c`` holding the first ``n - 1`` rows' coefficients or all ``n`` (the last unused)
     (``forward``: ``x[k] = d[k] + c[k] * x[k - 1]`` from ``x[0] = d[0]``, ``c`` the last
     ``n - 1`` rows' or all, the first unused), in log2 ``n`` doubling steps (each row
-    composes the next ``2^r`` rows' affine maps) of array operations alone: the same
-    arithmetic on every backend, and no sequential loop. A namespace with its own
+    composes the next ``2^r`` rows' affine maps) of array operations alone, with no
+    sequential loop (NumPy, and JAX off a CPU). A namespace with its own
     ``linear_recurrence(c, d, dim, forward)`` runs that instead (JAX on a CPU: a
     sequential scan, ``tempo.runtime.backends.XlaNamespace``)."""
     dim = p["dim"] % d.ndim

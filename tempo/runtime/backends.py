@@ -684,7 +684,6 @@ class XlaNamespace:
         result = self._jax.ShapeDtypeStruct(x.shape, self._jnp.int32)
         return self._jax.pure_callback(sort, result, x)
 
-
     def _scanned_recurrence(self, c: Any, d: Any, dim: int, forward: bool) -> Any:
         """``ops._linear_recurrence`` as one ``lax.scan`` along ``dim``: ``x[k] = d[k] +
         c[k] * x[k + 1]`` from the last row (``forward``: ``x[k - 1]``, from the first),

@@ -265,6 +265,7 @@ class _Template:
     groups: Instances                     # per index group of the body: iterations, points
     reads: list[list[Reads | None]]
     taken: dict[int, np.ndarray]          # per merge (exec position): the branch of each point
+                                          # (as taken, before ``_seeded``: translates compare it)
     fetches: list[Fetch]
     frees_after: list[tuple[int, np.ndarray, int]]  # the frees after the loop (``_freed_after``)
     plan: Plan                            # its stored values dropped once planned (``plan``)
@@ -481,7 +482,7 @@ class LoopPlanner:
                           for k, edge in enumerate(edges)])
         self._check_buffer_rows(reads)
         slots, fetches, masked = self._slots(reads)
-        slots, fetches, chosen = self._seeded(slots, fetches, taken, runs, masked, trips)
+        slots, fetches, chosen, masked = self._seeded(slots, fetches, taken, runs, masked, trips)
         consts, stacked, init = (fetch or self._fetch)(reads, fetches, trips)
         carries = tuple(sorted({s.key for row in slots for s in row if s.kind == "carry"}))
         made_points, outside = self._made_and_freed(runs, instances, made)
@@ -493,6 +494,10 @@ class LoopPlanner:
         finals = tuple(key for key in exported if key not in self.blocks
                        and made_points[key].kept[0] == made_points[key].rows[-1:])
         masked |= {key for key in finals if made_points[key].rows[-1] != trips - 1}
+        carried = {*carries, *masked, *finals}
+        if any(key not in carried for key in init):  # (a merge seeded a carry and runs throughout)
+            fetches = [fetch for fetch in fetches if fetch[0] != "init" or fetch[3] in carried]
+            init = {key: value for key, value in init.items() if key in carried}
         # Read only where another branch is taken at the first iteration, or final only.
         zeros = tuple(sorted({key for key in (*carries, *finals, *masked) if key not in init}))
         slots, ordinals = _canonical_merges(slots, chosen, [op.name for op, _ in self.execs])
@@ -623,44 +628,58 @@ class LoopPlanner:
 
     def _seeded(self, slots: Slots, fetches: list[Fetch], taken: dict[int, np.ndarray], runs: list,
                 masked: set[tuple[int, int]], trips: int
-                ) -> tuple[Slots, list[Fetch], dict[int, np.ndarray]]:
-        """Merges that take a stored value at the first iteration and a carry at every
-        other, reading that value as the carry's initial one instead (a *seed*): the scan
-        then reads the carry at every iteration, with no select between the two. PPO's
-        update loop starts 20 of its 24 Adam moments and its step count from the iteration
-        before's (stored points of another op) and carries them over its updates: 21
-        selects of parameter-sized values an update, whose removal made the scan 10-30%
-        faster at 8 envs x 64 steps on a CPU (XLA had fused them into other kernels, as
-        many as before, but reads and writes both values). Only a carry that no stored point
-        starts already (``init``), whose op runs at every iteration (not ``masked``), and
-        that one merge alone seeds. Returns the slots (a seeded merge's stored read
-        ``unused``, the constants renumbered), the fetches (its constant now a seed) and
-        the branches each merge takes (a seeded merge's: the carry's at every iteration)."""
-        started = {key for kind, _, _, key in fetches if kind == "init"}
+                ) -> tuple[Slots, list[Fetch], dict[int, np.ndarray], set[tuple[int, int]]]:
+        """Merges whose value at the first iteration is a stored one and at every other a
+        carry, the carry started from that value instead (a *seed*): the scan then reads
+        the carry at every iteration, with no select between the two. Either the merge
+        takes a stored value there (its branch), or it does not run there (its point was
+        made before the loop: isl peeled it) and the carry of its value keeps it while
+        the merge is masked; seeded, it runs at every iteration too. PPO's update loop
+        starts its parameters, their Adam moments and its step count from the iteration
+        before's (stored points) and carries them over its updates: 37 selects of
+        parameter-sized values an update (21 of the first kind, 16 of the second). Only a
+        carry that no stored point starts already (``init``), whose every read is of the
+        iteration before (not ``masked``), and that one merge alone seeds. Returns the
+        slots (a seeded branch's stored read ``unused``, the constants renumbered), the
+        fetches (that constant a seed, or the stored value a seed too), the branches each
+        merge takes (a seeded merge's: the carry's at every iteration) and the outputs
+        masked (no longer a merge that now runs at every iteration)."""
+        started = {key: (pos, k) for kind, pos, k, key in fetches if kind == "init"}
         const_of = {(pos, k): n for n, (pos, k) in
                     enumerate((pos, k) for kind, pos, k, _ in fetches if kind == "const")}
-        rows, chosen, seeds = list(slots), dict(taken), {}
+        rows, chosen, masked = list(slots), dict(taken), set(masked)
+        seeds: dict[tuple[int, int], tuple[int, int]] = {}  # (pos, input) of a stored read -> carry
         for pos, branch in taken.items():
             iterations = runs[pos][0]
-            if len(iterations) != trips or trips < 2 or len(np.unique(branch[1:])) != 1:
+            if trips < 2 or len(np.unique(branch[1:])) != 1:
                 continue
-            first, later = int(branch[0]), int(branch[1])
-            stored, carry = rows[pos][first], rows[pos][later]
-            if first == later or stored.kind != "const" or carry.kind != "carry" \
-                    or carry.key in started or carry.key in masked or carry.key in seeds.values():
+            later = int(branch[-1])
+            carry = rows[pos][later]
+            if carry.kind != "carry" or carry.key in started or carry.key in masked \
+                    or carry.key in seeds.values():
                 continue
-            seeds[pos, first] = carry.key
-            rows[pos] = tuple(Slot("unused") if k == first else slot for k, slot in enumerate(rows[pos]))
-            chosen[pos] = np.full(len(branch), later, branch.dtype)
+            merged = (self.execs[pos][0].id, 0)
+            if len(iterations) == trips and rows[pos][int(branch[0])].kind == "const":
+                first = int(branch[0])
+                seeds[pos, first] = carry.key
+                rows[pos] = tuple(Slot("unused") if k == first else slot for k, slot in enumerate(rows[pos]))
+                chosen[pos] = np.full(len(branch), later, branch.dtype)
+            elif len(iterations) == trips - 1 and iterations[0] == 1 and branch[0] == later \
+                    and merged in masked and merged in started:
+                seeds[started[merged]] = carry.key
+                masked.discard(merged)
         if not seeds:
-            return slots, fetches, taken
+            return slots, fetches, taken, masked
         kept = [at for at in const_of if at not in seeds]  # the constants left, renumbered
         number = {const_of[at]: n for n, at in enumerate(kept)}
         rows = [tuple(Slot("const", number[slot.key]) if slot.kind == "const" else slot for slot in row)
                 for row in rows]
-        fetches = [("seed", pos, k, seeds[pos, k]) if (pos, k) in seeds else (kind, pos, k, key)
-                   for kind, pos, k, key in fetches]
-        return tuple(rows), fetches, chosen
+        # (a stored value that starts a masked merge's carry starts the seeded one too)
+        fetches = [fetch for kind, pos, k, key in fetches
+                   for fetch in ([("seed", pos, k, seeds[pos, k])] if (pos, k) in seeds and kind == "const"
+                                 else [(kind, pos, k, key), ("seed", pos, k, seeds[pos, k])]
+                                 if (pos, k) in seeds else [(kind, pos, k, key)])]
+        return tuple(rows), fetches, chosen, masked
 
     def _fetch(self, reads: list[list[Reads | FirstRead | None]], fetches: list[Fetch],
                trips: int) -> tuple[list, list, dict]:

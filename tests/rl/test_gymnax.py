@@ -138,3 +138,32 @@ def test_a_second_run_compiles_nothing(tmp_path, monkeypatch):
         cache.set_cache_dir(os.environ.get(cache.ENV))
         cache.enable_jax_cache()
     assert counts[0] > 0 and counts[1] == 0, counts
+
+
+def test_lowered_loops_train_as_interpreted_ones_with_seeded_carries(tmp_path, monkeypatch):
+    """PPO on gymnax with its loops lowered (the default) trains to the losses and
+    parameters of the same run interpreted. Its update loop reads every parameter and
+    Adam moment through a carry seeded with the iteration before's value
+    (``LoopPlanner._seeded``): no output of it is masked, and so no select keeps one."""
+    from tempo.runtime.lowering import LoopLauncher
+    plans, run_lowered = [], LoopLauncher._run_lowered
+
+    def recorded(self: LoopLauncher, plan, span=None):
+        plans.append((self, plan))
+        return run_lowered(self, plan, span)
+    monkeypatch.setattr(LoopLauncher, "_run_lowered", recorded)
+    common = ("env=gymnax_cartpole", "backend=jax", "total_timesteps=1536", "checkpoint_every=0")
+    runs = {mode: train(config(*common, f"loops={mode}"), tmp_path / mode, progress=False)
+            for mode in ("lowered", "interpreted")}
+    lowered, interpreted = runs["lowered"], runs["interpreted"]
+    assert len(lowered.history) == len(interpreted.history) == 3
+    losses = [name for name in lowered.history[0] if name.startswith("losses/")]
+    for fast, plain in zip(lowered.history, interpreted.history):
+        for name in losses:
+            np.testing.assert_allclose(fast[name], plain[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    updates = [(launch, plan) for launch, plan in plans if plan.trips == 16]  # (4 epochs x 4 minibatches)
+    assert updates and not any(launch.choice.fallbacks for launch, _ in updates)
+    launch, plan = updates[-1]
+    assert not plan.masked
+    assert sum(fetch[0] == "seed" for fetch in launch.planner.templates[0].fetches) >= 24  # (12 parameters,
+    # their Adam moments: each started from the iteration before's)

@@ -331,7 +331,14 @@ def test_linear_recurrence_on_cpu_is_the_recurrence(forward):
     from tempo.runtime.backends import XlaNamespace
 
     xla = XlaNamespace(jax, jnp, on_cpu=True)
-    assert xla.linear_recurrence == xla._scanned_recurrence  # (the scan, not the doubling)
+    off_cpu = XlaNamespace(jax, jnp, on_cpu=False)
+    ones = np.ones((8, 3), np.float32)
+
+    def traced(xp) -> str:
+        fn = lambda c, d: _linear_recurrence(xp, {"dim": 0, "forward": forward}, c, d)  # noqa: E731
+        return str(jax.make_jaxpr(fn)(ones, ones))
+    assert "scan[" in traced(xla) and "scan[" not in traced(off_cpu)  # (elsewhere: the doubling)
+    assert getattr(off_cpu, "linear_recurrence", None) is None
     rng = np.random.default_rng(1)
     for shape, dim in [((250, 16), 0), ((3, 64, 2), 1), ((5, 7), -1), ((1, 4), 0), ((2, 3), 0)]:
         d = rng.normal(size=shape).astype(np.float32)

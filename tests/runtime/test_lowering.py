@@ -86,7 +86,8 @@ def _restarted_recurrences(shared: bool):
     """Over (i, t): ``s`` starts each t loop from the entry before's last value plus one
     (a stored value of another op) and carries ``h`` over t, as PPO's update loop starts
     each Adam moment; with ``shared``, ``r`` restarts from another stored value and
-    carries the same ``h``."""
+    carries the same ``h``. (Unshared, ``r`` is a linear recurrence: the lift pass makes
+    it one ``linear_recurrence`` outside the loop, a scan of its own on a CPU.)"""
     ctx = tp.Context(dims=("i", "t"))
     (i, t), (I, T) = ctx.dims, ctx.bounds
     with ctx:
@@ -111,7 +112,8 @@ def test_a_carry_starts_from_the_stored_value_its_merge_takes_first(shared, monk
     the other keeps its select. With seeds or without, the reference's values."""
     from tempo.runtime.plan import LoopPlanner as Planner
     seeded = _lowered_restarts(shared, monkeypatch)
-    monkeypatch.setattr(Planner, "_seeded", lambda self, slots, fetches, taken, *_: (slots, fetches, taken))
+    monkeypatch.setattr(Planner, "_seeded", lambda self, slots, fetches, taken, runs, masked, trips:
+                        (slots, fetches, taken, masked))
     unseeded = _lowered_restarts(shared, monkeypatch)
     assert seeded["seeds"] == 1 and unseeded["seeds"] == 0  # (unshared, ``r`` restarts outside the scan)
     assert seeded["merge slots"] == ([1, 2] if shared else [1, 1])
@@ -134,6 +136,7 @@ def _lowered_restarts(shared: bool, monkeypatch) -> dict[str, object]:
     [launcher] = [launch for launch in exe._launchers.values() if launch.traced]
     assert not launcher.choice.fallbacks, str(launcher.choice)
     assert len(plans) == bounds[ctx.bounds[0]] and launcher.planner.reused  # (translated entries too)
+    assert len(launcher.traced) == 1  # (entry 0 seeds from x[0, 0], the others from s + 1: one program)
     planner, plan = launcher.planner, plans[-1]
     return {"seeds": sum(fetch[0] == "seed" for fetch in planner.templates[0].fetches),
             "merge slots": sorted(len(plan.slots[pos]) for pos in planner.choices),
@@ -146,9 +149,10 @@ def _selects(jaxpr) -> int:
     for eqn in jaxpr.eqns:
         count += eqn.primitive.name == "select_n"
         for value in eqn.params.values():
-            inner = getattr(value, "jaxpr", value)
-            if hasattr(inner, "eqns"):
-                count += _selects(inner)
+            for each in value if isinstance(value, tuple) else (value,):  # (a cond's branches)
+                inner = getattr(each, "jaxpr", each)
+                if hasattr(inner, "eqns"):
+                    count += _selects(inner)
     return count
 
 

@@ -85,3 +85,41 @@ def test_canonical_merges_keep_the_branch_each_iteration_takes():
         assert [rows[0][ordinals[0][k]] for k in chosen] == [original[k] for k in chosen]
     with pytest.raises(Unlowerable, match="m takes a branch"):
         _canonical_merges(first, {0: np.array([1, 2])}, ["m"])
+
+
+def test_seeds_start_a_carry_only_where_no_other_value_would():
+    """``LoopPlanner._seeded`` on hand-made rows (4 iterations, execs 0-4 merges, each
+    reading a carry from iteration 1 on): a merge taking a constant at iteration 0 seeds
+    its carry (the constants after it renumbered); one whose first point was made before
+    the loop (it runs from iteration 1, masked) seeds its carry with its own initial value
+    and is no longer masked. Not seeded: a carry a stored point starts already, a masked
+    carry, a carry another merge seeded first, a merge taking its constant later."""
+    from types import SimpleNamespace
+
+    from tempo.runtime.plan import LoopPlanner, Slot
+    carry = [Slot("carry", (10 + n, 0)) for n in range(6)]
+    slots = ((Slot("const", 0), carry[0]),          # 0: seeds carry 0
+             (Slot("const", 1), carry[1]),          # 1: carry 1 starts from a stored point
+             (Slot("const", 2), carry[0]),          # 2: carry 0 seeded by merge 0 already
+             (Slot("const", 3), carry[2]),          # 3: carry 2 masked
+             (carry[3],),                           # 4: runs from iteration 1 on, masked
+             (Slot("body", (20, 0)), Slot("const", 4)))  # 5: reads the constant at every iteration
+    fetches = [("const", 0, 0, (30, 0)), ("const", 1, 0, (31, 0)), ("init", 6, 0, (11, 0)),
+               ("const", 2, 0, (32, 0)), ("const", 3, 0, (33, 0)), ("init", 7, 0, (4, 0)),
+               ("const", 5, 1, (34, 0))]
+    every, later = np.arange(4), np.arange(1, 4)
+    taken = {0: np.array([0, 1, 1, 1]), 1: np.array([0, 1, 1, 1]), 2: np.array([0, 1, 1, 1]),
+             3: np.array([0, 1, 1, 1]), 4: np.array([0, 0, 0]), 5: np.array([1, 1, 1, 1])}
+    runs = [(every, ()), (every, ()), (every, ()), (every, ()), (later, ()), (every, ())]
+    planner = SimpleNamespace(execs=[(SimpleNamespace(id=n), []) for n in range(6)])
+    rows, seeded, chosen, masked = LoopPlanner._seeded(planner, slots, fetches, taken, runs,
+                                                       {(12, 0), (4, 0)}, 4)
+    assert [f for f in seeded if f[0] == "seed"] == [("seed", 0, 0, (10, 0)), ("seed", 7, 0, (13, 0))]
+    assert ("init", 7, 0, (4, 0)) in seeded and masked == {(12, 0)}
+    assert rows[0] == (Slot("unused"), carry[0]) and chosen[0].tolist() == [1, 1, 1, 1]
+    assert rows[1:4] == ((Slot("const", 0), carry[1]), (Slot("const", 1), carry[0]),
+                         (Slot("const", 2), carry[2]))  # (renumbered: constant 0 is a seed now)
+    assert rows[5] == (Slot("body", (20, 0)), Slot("const", 3))
+    assert all(chosen[pos] is taken[pos] for pos in (1, 2, 3, 4, 5))
+    consts = [(pos, k) for kind, pos, k, _ in seeded if kind == "const"]
+    assert consts == [(1, 0), (2, 0), (3, 0), (5, 1)]  # (in the order of their new numbers)
