@@ -494,6 +494,7 @@ class LoopPlanner:
         finals = tuple(key for key in exported if key not in self.blocks
                        and made_points[key].kept[0] == made_points[key].rows[-1:])
         masked |= {key for key in finals if made_points[key].rows[-1] != trips - 1}
+        masked -= self._constant_merges(slots, chosen, runs)
         carried = {*carries, *masked, *finals}
         if any(key not in carried for key in init):  # (a merge seeded a carry and runs throughout)
             fetches = [fetch for fetch in fetches if fetch[0] != "init" or fetch[3] in carried]
@@ -680,6 +681,18 @@ class LoopPlanner:
                                  else [(kind, pos, k, key), ("seed", pos, k, seeds[pos, k])]
                                  if (pos, k) in seeds else [(kind, pos, k, key)])]
         return tuple(rows), fetches, chosen, masked
+
+    def _constant_merges(self, slots: Slots, chosen: dict[int, np.ndarray],
+                         runs: list) -> set[tuple[int, int]]:
+        """The merges that take one constant (a stored value read at one point) at the first
+        iteration and wherever else they run: their value is that constant at every
+        iteration, so they may run at every iteration rather than keep it in the carry
+        where they do not (``masked``: a select per iteration). PPO's acting loop reads
+        its parameters as merges that run at the iteration's first step only: 6 selects
+        a step before."""
+        return {(self.execs[pos][0].id, 0) for pos, branch in chosen.items()
+                if len(runs[pos][0]) and runs[pos][0][0] == 0 and len(np.unique(branch)) == 1
+                and slots[pos][int(branch[0])].kind == "const"}
 
     def _fetch(self, reads: list[list[Reads | FirstRead | None]], fetches: list[Fetch],
                trips: int) -> tuple[list, list, dict]:

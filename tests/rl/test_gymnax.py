@@ -144,7 +144,8 @@ def test_lowered_loops_train_as_interpreted_ones_with_seeded_carries(tmp_path, m
     """PPO on gymnax with its loops lowered (the default) trains to the losses and
     parameters of the same run interpreted. Its update loop reads every parameter and
     Adam moment through a carry seeded with the iteration before's value
-    (``LoopPlanner._seeded``): no output of it is masked, and so no select keeps one."""
+    (``LoopPlanner._seeded``), and its acting loop reads the parameters as merges of one
+    constant (``_constant_merges``): no output of either is masked, so no select keeps one."""
     from tempo.runtime.lowering import LoopLauncher
     plans, run_lowered = [], LoopLauncher._run_lowered
 
@@ -167,3 +168,5 @@ def test_lowered_loops_train_as_interpreted_ones_with_seeded_carries(tmp_path, m
     assert not plan.masked
     assert sum(fetch[0] == "seed" for fetch in launch.planner.templates[0].fetches) >= 24  # (12 parameters,
     # their Adam moments: each started from the iteration before's)
+    acting = [plan for _, plan in plans if plan.trips == 64]  # (the default 64 steps)
+    assert acting and not acting[-1].masked

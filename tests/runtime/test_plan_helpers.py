@@ -123,3 +123,21 @@ def test_seeds_start_a_carry_only_where_no_other_value_would():
     assert all(chosen[pos] is taken[pos] for pos in (1, 2, 3, 4, 5))
     consts = [(pos, k) for kind, pos, k, _ in seeded if kind == "const"]
     assert consts == [(1, 0), (2, 0), (3, 0), (5, 1)]  # (in the order of their new numbers)
+
+
+def test_merges_of_one_constant_from_the_first_iteration_run_at_every_iteration():
+    """``LoopPlanner._constant_merges``: a merge taking one constant wherever it runs,
+    from the first iteration on, has that value at every iteration (it need not be
+    masked); not one that starts later (before, its carry holds another value), nor one
+    taking two constants or a carry."""
+    from types import SimpleNamespace
+
+    from tempo.runtime.plan import LoopPlanner, Slot
+    const, other, carry = Slot("const", 0), Slot("const", 1), Slot("carry", (9, 0))
+    slots = ((const, carry), (const, carry), (const, other), (carry, const), (Slot("unused"), const))
+    chosen = {0: np.array([0]), 1: np.array([0, 0]), 2: np.array([0, 1]), 3: np.array([0, 0]),
+              4: np.array([1, 1, 1])}
+    runs = [(np.array([0]), ()), (np.array([3, 4]), ()), (np.array([0, 2]), ()), (np.array([0, 1]), ()),
+            (np.array([0, 5, 6]), ())]
+    planner = SimpleNamespace(execs=[(SimpleNamespace(id=10 + n), []) for n in range(5)])
+    assert LoopPlanner._constant_merges(planner, slots, chosen, runs) == {(10, 0), (14, 0)}
