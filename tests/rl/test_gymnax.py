@@ -141,8 +141,8 @@ def test_a_second_run_compiles_nothing(tmp_path, monkeypatch):
 
 
 def test_lowered_loops_train_as_interpreted_ones_with_seeded_carries(tmp_path, monkeypatch):
-    """PPO on gymnax with its loops lowered (the default) trains to the losses and
-    parameters of the same run interpreted. Its update loop reads every parameter and
+    """PPO on gymnax with its loops lowered (the default) trains to the losses of the same
+    run interpreted. Its update loop reads every parameter and
     Adam moment through a carry seeded with the iteration before's value
     (``LoopPlanner._seeded``), and its acting loop reads the parameters as merges of one
     constant (``_constant_merges``): no output of either is masked, so no select keeps one."""
