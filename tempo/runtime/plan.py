@@ -675,12 +675,7 @@ class LoopPlanner:
         number = {const_of[at]: n for n, at in enumerate(kept)}
         rows = [tuple(Slot("const", number[slot.key]) if slot.kind == "const" else slot for slot in row)
                 for row in rows]
-        # (a stored value that starts a masked merge's carry starts the seeded one too)
-        fetches = [fetch for kind, pos, k, key in fetches
-                   for fetch in ([("seed", pos, k, seeds[pos, k])] if (pos, k) in seeds and kind == "const"
-                                 else [(kind, pos, k, key), ("seed", pos, k, seeds[pos, k])]
-                                 if (pos, k) in seeds else [(kind, pos, k, key)])]
-        return tuple(rows), fetches, chosen, masked
+        return tuple(rows), _with_seeds(fetches, seeds), chosen, masked
 
     def _constant_merges(self, slots: Slots, chosen: dict[int, np.ndarray],
                          runs: list) -> set[tuple[int, int]]:
@@ -888,6 +883,20 @@ class LoopPlanner:
                     maker = of_group.setdefault(self.exec_groups[self.positions[src]], self.positions[src])
                     shifts[linear, reader, maker] = None
         return _ReadChecks(list(shifts), each, made)
+
+
+def _with_seeds(fetches: list[Fetch], seeds: dict[tuple[int, int], tuple[int, int]]) -> list[Fetch]:
+    """``fetches`` with each read of ``seeds`` (``(exec position, input) -> carry``) also a
+    seed of its carry: a constant becomes the seed; a masked merge's initial value stays,
+    and starts the seeded carry too."""
+    out: list[Fetch] = []
+    for kind, pos, k, key in fetches:
+        carry = seeds.get((pos, k))
+        if carry is None or kind != "const":
+            out.append((kind, pos, k, key))
+        if carry is not None:
+            out.append(("seed", pos, k, carry))
+    return out
 
 
 def _sharing_signature(plan: Plan, like: Plan) -> Plan:
