@@ -218,6 +218,7 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
     i, I = program.dim("i"), program.bound("i")
     names = list(program.metrics)
     every = int(cfg.get("checkpoint_every") or 0)
+    env.snapshots_at(lambda it: it == total - 1 or every > 0 and (it + 1) % every == 0)
     target = out_dir / "checkpoints" / "last.npz"
     with ctx:
         # The sink also reads what the env keeps between iterations, so it runs after the

@@ -306,6 +306,8 @@ def _condition(ctx: Context, when: Any) -> Expr:
 
 def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, site: Any,
                   pass_point: bool) -> Callable:
+    declared = [(tuple(d.value for d in t.shape), np.dtype(t.dtype)) for t in out_types]
+
     def call(point: dict[Symbol, int], *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
         args = ({s.name: v for s, v in point.items() if s.kind == "dim"}, *inputs) \
             if pass_point else inputs
@@ -326,21 +328,23 @@ def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, s
         if len(values) != len(out_types):
             raise UDFError(f"UDF {label} returned {len(values)} values, declared {len(out_types)}",
                            site)
-        return tuple(_conform(v, t, label, site, rows) for v, t in zip(values, out_types))
+        return tuple(_conform(v, shape, dtype, label, site, rows)
+                     for v, (shape, dtype) in zip(values, declared))
     return call
 
 
-def _conform(value: Any, t: TensorType, label: str, site: Any, rows: int | None = None) -> np.ndarray:
-    """``value`` as declared (``rows``: with that many rows instead of its first axis's)."""
+def _conform(value: Any, shape: tuple[int, ...], dtype: np.dtype, label: str, site: Any,
+             rows: int | None = None) -> np.ndarray:
+    """``value`` as declared, of ``shape`` and ``dtype`` (``rows``: with that many rows
+    instead of its first axis's)."""
     array = np.asarray(value)
-    shape = tuple(d.value for d in t.shape)
     if rows is not None:
         shape = (rows, *shape[1:])
     if array.shape != shape:
         hint = " (return the array itself, not a 1-tuple)" if isinstance(value, tuple) else ""
         raise UDFError(f"UDF {label} returned shape {array.shape}, declared {shape}{hint}", site)
-    if array.dtype != np.dtype(t.dtype):
-        if not np.can_cast(array.dtype, t.dtype, casting="same_kind"):
-            raise UDFError(f"UDF {label} returned dtype {array.dtype}, declared {t.dtype}", site)
-        array = array.astype(t.dtype)
+    if array.dtype != dtype:
+        if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+            raise UDFError(f"UDF {label} returned dtype {array.dtype}, declared {dtype}", site)
+        array = array.astype(dtype)
     return array

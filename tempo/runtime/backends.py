@@ -310,7 +310,7 @@ class JaxBackend:
 
     def block_kernel(self, op: Op, params: dict, inputs: int, slices: tuple[tuple[int, int], ...],
                      writes: tuple[tuple[int, int], ...] = (),
-                     shared: tuple[tuple[int, int], ...] = ()) -> Callable:
+                     shared: tuple[tuple[int, int], ...] = (), returned: tuple[int, ...] = ()) -> Callable:
         """``op``'s kernel (of ``inputs`` inputs) reading and writing device block stores'
         buffers itself: ``fn(rows, *inputs, *buffers, *rows_written)``. The inputs at
         ``slices`` (``(position, axis)`` pairs) are ``(buffer, first row)`` pairs of
@@ -324,20 +324,24 @@ class JaxBackend:
         one more per written row, and no output array made for a row in a buffer). An input
         of ``shared`` (``(position, write)``) is the first row only, of the buffer of
         ``writes[write]``: the ``put_row`` members reading it write the row there first and
-        read the rows from the written buffer (``tempo.passes.newest``)."""
+        read the rows from the written buffer (``tempo.passes.newest``). For each of
+        ``returned`` (positions in ``writes``) the row written is returned too, ``(outputs,
+        buffers, rows)``: a point read of it then needs no gather from the buffer (a host
+        env reading the action the policy kernel just wrote)."""
         frozen = _freeze(op.kind, params)  # shared by ops of the same kind and params
-        cache, key = (_JIT_CACHE, ("blocks", *frozen, inputs, slices, writes, shared, self.xp.mesh_key)) \
-            if frozen is not None else (self._by_op, ("blocks", op.id, slices, writes, shared))
+        cache, key = (_JIT_CACHE, ("blocks", *frozen, inputs, slices, writes, shared, returned,
+                                   self.xp.mesh_key)) \
+            if frozen is not None else (self._by_op, ("blocks", op.id, slices, writes, shared, returned))
         kernel = cache.get(key)
         if kernel is None:
             donate = tuple(range(1 + inputs, 1 + inputs + len(writes)))
-            run = self.block_body(op, params, inputs, slices, writes, shared)
+            run = self.block_body(op, params, inputs, slices, writes, shared, returned)
             kernel = cache[key] = self.jax.jit(run, static_argnums=0, donate_argnums=donate)
         return kernel
 
     def block_body(self, op: Op, params: dict, inputs: int, slices: tuple[tuple[int, int], ...],
                    writes: tuple[tuple[int, int], ...] = (),
-                   shared: tuple[tuple[int, int], ...] = ()) -> Callable:
+                   shared: tuple[tuple[int, int], ...] = (), returned: tuple[int, ...] = ()) -> Callable:
         """What ``block_kernel`` compiles, as a function to trace: ``fn(rows, *inputs,
         *buffers, *rows_written)`` (a lowered loop's scan calls it at each iteration)."""
         fn, xp, jax = op.definition.kernel, self.xp, self.jax
@@ -361,7 +365,10 @@ class JaxBackend:
                 return outs
             outs = tuple(outs) if multi else (outs,)
             written = tuple(buffer.written(outs[out]) for buffer, (out, _) in zip(buffers, writes))
-            return tuple(o for k, o in enumerate(outs) if k not in into_buffers), written
+            unwritten = tuple(o for k, o in enumerate(outs) if k not in into_buffers)
+            if not returned:
+                return unwritten, written
+            return unwritten, written, tuple(outs[writes[n][0]] for n in returned)
         run.__name__ = run.__qualname__ = "block_" + _program_name(op.kind, params)
         return run
 

@@ -629,10 +629,13 @@ def _store_for(op: Op, k: int, readers: list[Edge], bounds: dict[Symbol, int],
                     and (e.tiled or _reads_fixed_rows(e, op, bounds)) for e in readers)
         axis = _rows_axis(op, readers)
         buffers = DeviceBuffers(backend, axis) if device else HostBuffers(backend.view_of_host, axis)
+        point_reads = device and any(not e.slices for e in readers)
         if window is not None:
-            return WindowStore(stats, length, shape, t.dtype, window, buffers=buffers)
+            return WindowStore(stats, length, shape, t.dtype, window, buffers=buffers,
+                               point_reads=point_reads)
         step = _growth_step(readers, bounds) if device and backend.on_cpu else None
-        return BlockStore(stats, length, shape, t.dtype, rows=rows, buffers=buffers, step=step)
+        return BlockStore(stats, length, shape, t.dtype, rows=rows, buffers=buffers, step=step,
+                          point_reads=point_reads)
 
     def empty(sizes: tuple[int, ...]) -> Any:
         if shape is None:
@@ -932,8 +935,10 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             xs[k] = np.int32(start) if k in in_buffer else (block, np.int32(start))
         return (*xs, *buffers, *(np.int32(row) for row in slots))
 
+    returned = tuple(n for n, store in enumerate(targets) if store.point_reads)
     buffer_kernel = backend.block_kernel(op, params, len(edges), slices,
-                                          tuple((k, t.rows_axis) for k, t in zip(written, targets)), shared)
+                                          tuple((k, t.rows_axis) for k, t in zip(written, targets)), shared,
+                                          returned)
 
     def later_launches(point: tuple[int, ...], xs: list[Any], buffers: list[Any],
                        slots: list[int]) -> list[tuple[tuple[int, ...], tuple]]:
@@ -975,10 +980,11 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
             later = later_launches(point, xs, buffers, rows_written) if programs.first else []
             programs.ready(buffer_kernel, shape, later)
         outs = buffer_kernel(shape[0], *args)
-        if written:  # the outputs not written into buffers, and the buffers
-            outs, buffers = outs
-            for store, block in zip(targets, buffers):
-                store.written_by_kernel(point, block)
+        if written:  # the outputs not written into buffers, the buffers (and rows point reads take)
+            outs, buffers, *rows = outs
+            row_of = dict(zip(returned, rows[0])) if rows else {}
+            for n, (store, block) in enumerate(zip(targets, buffers)):
+                store.written_by_kernel(point, block, row_of.get(n))
         elif not multi:
             outs = (outs,)
         for write, out in zip(others, outs, strict=True):

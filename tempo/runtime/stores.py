@@ -673,7 +673,8 @@ class BlockStore:
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
                  view: Callable[[np.ndarray], Any] = lambda rows: rows, rows: int | None = None,
-                 buffers: HostBuffers | DeviceBuffers | None = None, step: int | None = None):
+                 buffers: HostBuffers | DeviceBuffers | None = None, step: int | None = None,
+                 point_reads: bool = False):
         self.stats = stats
         self.buffers = buffers or HostBuffers(view)
         """Where the buffers live and how rows move in and out of them."""
@@ -692,6 +693,13 @@ class BlockStore:
         self.blocks: dict[tuple[int, ...], Any] = {}
         self.live: dict[tuple[int, ...], set[int]] = {}
         self.produced: dict[tuple[int, ...], set[int]] = {}
+        self.point_reads = point_reads
+        """Device buffers that readers also read a point of (a host env reading the action
+        the policy kernel wrote): the kernel writing a row returns it too, and a read of
+        that point takes it (``latest``) instead of gathering it from the buffer (a program
+        launch: 8-10 us on a CPU)."""
+        self.latest: tuple[tuple[int, ...], Any] | None = None
+        """The point a kernel wrote last and its row, where the kernel returned it."""
 
     def holds(self, point: tuple[int, ...]) -> bool:
         """Whether ``point`` was written (and not freed)."""
@@ -708,11 +716,13 @@ class BlockStore:
         prefix = point[:-1]
         return self._block(prefix, point[-1]), self._slot(prefix, point[-1])
 
-    def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
+    def written_by_kernel(self, point: tuple[int, ...], block: Any, row: Any = None) -> None:
         """``block``, the buffer ``row_slot(point)`` gave with the row at ``point`` written
-        at its row, replaces it."""
+        at its row, replaces it; ``row``: that row, where the kernel returned it too
+        (``point_reads``)."""
         self.blocks[point[:-1]] = block
         self._written(point[:-1], point[-1])
+        self.latest = None if row is None else (point, row)
 
     def buffer_at(self, point: tuple[int, ...]) -> Any:
         """The buffer a write at ``point`` goes to, made or grown as that write would make
@@ -857,6 +867,9 @@ class BlockStore:
         return self.read if slices else self.read_point
 
     def read_point(self, index: tuple) -> Any:
+        latest = self.latest
+        if latest is not None and latest[0] == index:
+            return latest[1]
         return self._rows(index[:-1], index[-1])
 
     def read(self, index: tuple) -> Any:
@@ -887,6 +900,8 @@ class BlockStore:
 
     def free(self, point: tuple[int, ...]) -> None:
         prefix, k = point[:-1], point[-1]
+        if self.latest is not None and self.latest[0] == point:
+            self.latest = None
         live = self.live.get(prefix)
         if live is None or k not in live:
             return
@@ -896,6 +911,8 @@ class BlockStore:
 
     def free_many(self, points: list[tuple[int, ...]]) -> None:
         """``free`` at each of ``points``, one set difference per buffer."""
+        if self.latest is not None and self.latest[0] in points:
+            self.latest = None
         for prefix, (ks, _) in _by_prefix(points).items():
             live = self.live.get(prefix)
             if live is None:
@@ -929,8 +946,8 @@ class WindowStore(BlockStore):
 
     def __init__(self, stats: MemoryStats, length: int, shape: tuple[int, ...], dtype: str,
                  capacity: int, view: Callable[[np.ndarray], Any] = lambda rows: rows,
-                 buffers: HostBuffers | DeviceBuffers | None = None):
-        super().__init__(stats, length, shape, dtype, view, buffers=buffers)
+                 buffers: HostBuffers | DeviceBuffers | None = None, point_reads: bool = False):
+        super().__init__(stats, length, shape, dtype, view, buffers=buffers, point_reads=point_reads)
         self.capacity: dict[tuple[int, ...], int] = {}
         self.initial = capacity
         self.written: dict[tuple[int, ...], dict[int, int]] = {}
@@ -973,10 +990,10 @@ class WindowStore(BlockStore):
             self._grow(prefix)  # the slot's point is still needed
         return self.blocks[prefix], slot
 
-    def written_by_kernel(self, point: tuple[int, ...], block: Any) -> None:
+    def written_by_kernel(self, point: tuple[int, ...], block: Any, row: Any = None) -> None:
         prefix, k = point[:-1], point[-1]
         self.written[prefix][k % self.capacity[prefix]] = k
-        super().written_by_kernel(point, block)
+        super().written_by_kernel(point, block, row)
 
     def buffer_at(self, point: tuple[int, ...]) -> Any:
         """The ring of ``point``'s prefix, made if need be but never grown here (a span

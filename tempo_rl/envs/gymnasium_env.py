@@ -107,10 +107,11 @@ class GymnasiumEnv(EnvBase):
         k = point.get(self._env_dim)
         own = isinstance(k, np.ndarray)
         indices = range(self.num_envs) if k is None else k if own else [k]
-        state = {f"env{int(n)}": json_array(gym_state.dump(self.env(int(n)))) for n in indices}
-        if own:
-            state["env_indices"] = np.asarray(k, np.int64)
-        iteration = self._keep_snapshot(point, {"obs": last_obs, **state})
+
+        def state() -> dict[str, np.ndarray]:
+            envs = {f"env{int(n)}": json_array(gym_state.dump(self.env(int(n)))) for n in indices}
+            return {"obs": last_obs, **envs, **({"env_indices": np.asarray(k, np.int64)} if own else {})}
+        iteration = self._keep_snapshot(point, state)
         return last_obs, np.full(np.shape(last_obs)[:1] if k is None or own else (), iteration, np.float32)
 
     def restore(self, state: dict[str, np.ndarray]) -> None:

@@ -69,7 +69,7 @@ class SyntheticEnv(EnvBase):
         """Between iterations (of one env, or all): count the iteration's episodes, keep
         the state the next one starts from."""
         self._record_rollout(point, rewards, truncated)
-        iteration = self._keep_snapshot(point, {"obs": obs, "count": count})
+        iteration = self._keep_snapshot(point, lambda: {"obs": obs, "count": count})
         return obs, count, np.full(np.shape(count), iteration, np.float32)
 
     def restore(self, state: dict[str, np.ndarray]) -> None:

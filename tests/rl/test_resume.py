@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tempo.api import checkpoint
 from tempo_rl.checkpoints import CONFIG_KEY, ENV_PREFIX
 from tempo_rl.config import load_config as config
+from tempo_rl.envs.base import Snapshots
 from tempo_rl.metrics import is_measurement
 from tempo_rl.train import train
 
@@ -49,6 +50,22 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, algorithm, env, backe
             # the env's state too: observations, episodes in progress, each gymnasium env's
             # physics and generator (as JSON), each JAX env's state leaves
             np.testing.assert_array_equal(last_resumed[name], value, err_msg=name)
+
+
+def test_envs_keep_their_state_only_where_a_checkpoint_follows(tmp_path, monkeypatch):
+    """An env's state for a checkpoint costs host time to build at every iteration (a
+    gymnasium env's is each env's layers as JSON): a run keeps it only after the
+    iterations its checkpoint schedule writes one."""
+    kept = []
+    keep = Snapshots.keep
+    monkeypatch.setattr(Snapshots, "keep", lambda self, it, state: kept.append(it) or keep(self, it, state))
+    common = ("algorithm=ppo", "env=cartpole", "algorithm.num_steps=16", "env.num_envs=2",
+              "total_timesteps=256", "backend=numpy")  # 8 iterations
+    train(config(*common, "checkpoint_every=3"), tmp_path / "every", progress=False)
+    assert kept == [2, 5, 7]
+    kept.clear()
+    train(config(*common), tmp_path / "last", progress=False)
+    assert kept == [7]
 
 
 def test_resuming_past_the_end_is_an_error(tmp_path):

@@ -285,9 +285,9 @@ def test_kernels_slice_device_buffers_themselves(monkeypatch, window, newest):
     made = []
     original = JaxBackend.block_kernel
 
-    def recording(self, op, params, inputs, slices, writes=(), shared=()):
+    def recording(self, op, params, inputs, slices, writes=(), shared=(), returned=()):
         made.append((slices, writes, shared))
-        return original(self, op, params, inputs, slices, writes, shared)
+        return original(self, op, params, inputs, slices, writes, shared, returned)
     monkeypatch.setattr(JaxBackend, "block_kernel", recording)
     rings = _record_ring_reads(monkeypatch)
     # a window's reads: padded to the window (the compiler's choice)
@@ -322,8 +322,8 @@ def test_long_reads_of_a_buffers_first_rows_read_the_whole_buffer(monkeypatch, f
     rows_read = set()
     original = JaxBackend.block_kernel
 
-    def recording(self, op, params, inputs, slices, writes=(), shared=()):
-        run = original(self, op, params, inputs, slices, writes, shared)
+    def recording(self, op, params, inputs, slices, writes=(), shared=(), returned=()):
+        run = original(self, op, params, inputs, slices, writes, shared, returned)
 
         def recorded(rows, *args):
             rows_read.update(rows)
@@ -439,6 +439,27 @@ def test_a_merge_stepped_by_a_host_op_keeps_host_buffers():
     placed = {exe.graph.ops[op].kind: store.buffers.on_device for (op, _), store in _stores_of(exe).items()
               if isinstance(store, BlockStore)}
     assert placed.get("merge") is False and True in placed.values(), placed
+
+
+def test_a_host_op_takes_the_row_a_kernel_wrote_without_a_gather(monkeypatch):
+    """A host op reading a point of device buffers that a kernel writes itself (a host
+    env reading the action the policy kernel wrote) gets the row the kernel returned
+    beside the buffer: no program gathers it from the buffer (one launch a step). The
+    values are the reference evaluator's."""
+    from tempo.runtime.backends import JaxBackend
+    from tempo.runtime.stores import BlockStore
+    gathered = []
+    take = JaxBackend.take
+    monkeypatch.setattr(JaxBackend, "take", lambda self, *args: gathered.append(args[1]) or take(self, *args))
+    ctx, bounds, s = _rollout_sums(host_step=True)
+    with ctx:
+        exe = ctx.compile(bounds, [s], backend="jax", loops=tp.LoopPolicy("interpreted"))
+        got = exe.run()[s]
+    np.testing.assert_allclose(got, evaluate(ctx, bounds, [s])[s.key], rtol=1e-5, atol=1e-5)
+    read = [store for store in _stores_of(exe).values()
+            if isinstance(store, BlockStore) and store.point_reads]
+    assert len(read) == 1 and read[0].buffers.on_device  # x's: the host step reads x[i, t]
+    assert gathered == []
 
 
 @pytest.mark.parametrize("loops", ["lowered", "interpreted"])
