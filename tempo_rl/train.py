@@ -218,7 +218,15 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
     i, I = program.dim("i"), program.bound("i")
     names = list(program.metrics)
     every = int(cfg.get("checkpoint_every") or 0)
-    env.snapshots_at(lambda it: it == total - 1 or every > 0 and (it + 1) % every == 0)
+
+    def kept(it: int) -> bool:
+        """Whether the env keeps its state after iteration ``it`` (the whole run's
+        numbering): where a checkpoint follows (the schedule of ``when`` below, over the
+        program's ``i``), and at the run's first, so that a state a checkpoint cannot
+        store fails there rather than at the end of the run."""
+        return it in (first, total - 1) or (every > 0 and (it + 1) % every == 0)
+    if hasattr(env, "snapshots_at"):  # (an env of another kind keeps every iteration's)
+        env.snapshots_at(kept)
     target = out_dir / "checkpoints" / "last.npz"
     with ctx:
         # The sink also reads what the env keeps between iterations, so it runs after the
@@ -227,7 +235,8 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
         tp.sink([program.metrics[n] for n in names] + after_env,
                 lambda values, point: logger.on_iteration(names, values[:len(names)], point),
                 name="metrics")
-        # Sinks see the whole run's iteration numbers (the origin): i + first here.
+        # Sinks see the whole run's iteration numbers (the origin): i + first here. (The
+        # env keeps its state after these iterations: ``kept`` above.)
         when = i == I - 1 if every <= 0 else ((i + first + 1) % every == 0) | (i == I - 1)
         checkpoints.save_sink(program, env, cfg, target, when, keep=bool(cfg.get("keep_checkpoints")))
     start = time.perf_counter()

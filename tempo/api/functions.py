@@ -306,7 +306,7 @@ def _condition(ctx: Context, when: Any) -> Expr:
 
 def _checked_call(fn: Callable, out_types: tuple[TensorType, ...], label: str, site: Any,
                   pass_point: bool) -> Callable:
-    declared = [(tuple(d.value for d in t.shape), np.dtype(t.dtype)) for t in out_types]
+    declared = tuple((tuple(d.value for d in t.shape), np.dtype(t.dtype)) for t in out_types)
 
     def call(point: dict[Symbol, int], *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
         args = ({s.name: v for s, v in point.items() if s.kind == "dim"}, *inputs) \

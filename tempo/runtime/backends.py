@@ -343,7 +343,8 @@ class JaxBackend:
                    writes: tuple[tuple[int, int], ...] = (),
                    shared: tuple[tuple[int, int], ...] = (), returned: tuple[int, ...] = ()) -> Callable:
         """What ``block_kernel`` compiles, as a function to trace: ``fn(rows, *inputs,
-        *buffers, *rows_written)`` (a lowered loop's scan calls it at each iteration)."""
+        *buffers, *rows_written)`` (a lowered loop's scan calls it at each iteration),
+        returning ``(outputs, buffers)``, and the rows of ``returned`` third where any."""
         fn, xp, jax = op.definition.kernel, self.xp, self.jax
         multi, on_cpu = op.definition.multi_output, self.on_cpu
         in_buffer = dict(shared)

@@ -882,7 +882,8 @@ def _block_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callabl
     """A device launcher whose kernel (``JaxBackend.block_kernel``) slices the device
     buffers its inputs ``layout.blocks`` read and writes its outputs ``layout.written``
     into their stores' device buffers itself (a read of a buffer it writes is of the rows
-    its ``put_row`` members complete, ``blocks.written_by_kernel``). Where a read is not
+    its ``put_row`` members complete, ``blocks.written_by_kernel``), returning the rows too
+    where their stores are read at points as well (``BlockStore.point_reads``). Where a read is not
     one run of a buffer's rows (an empty unpadded slice, a buffer not made yet), the plain
     kernel runs on the reads' values and writes through the stores. Its other inputs are
     not donated. ``layout.widens``: long reads of the buffers' first rows read the whole

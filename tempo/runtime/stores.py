@@ -697,7 +697,8 @@ class BlockStore:
         """Device buffers that readers also read a point of (a host env reading the action
         the policy kernel wrote): the kernel writing a row returns it too, and a read of
         that point takes it (``latest``) instead of gathering it from the buffer (a program
-        launch: 8-10 us on a CPU)."""
+        launch: 8-10 us on a CPU). A kernel reading the point last may take that row over
+        (donate it), as it would a point store's value: nothing else holds it."""
         self.latest: tuple[tuple[int, ...], Any] | None = None
         """The point a kernel wrote last and its row, where the kernel returned it."""
 

@@ -30,8 +30,9 @@ class Rollout:
     extras: dict[str, RecurrentTensor] = field(default_factory=dict)
     """What the policy returned beside the action (log-probabilities, entropies)."""
     saved: RecurrentTensor | None = None
-    """A scalar over ``(i,)`` computed right after the envs' states at the end of iteration
-    ``i`` were kept (``env.snapshot(i)``); host work that stores it reads this to run after."""
+    """A scalar over ``(i,)`` computed right after the envs recorded iteration ``i`` (and
+    kept their states, ``env.snapshot(i)``, where a checkpoint follows it); host work that
+    stores it reads this to run after."""
 
 
 class EpisodeStats:
@@ -130,8 +131,9 @@ class EpisodeStats:
 
 
 class Snapshots:
-    """An env's state at the end of the last few iterations, for checkpoints: named
-    numeric arrays (structure as JSON in a uint8 array), never Python objects."""
+    """An env's state at the end of the last few iterations it was kept at
+    (``EnvBase.snapshots_at``), for checkpoints: named numeric arrays (structure as JSON in
+    a uint8 array), never Python objects."""
 
     KEPT = 4
 
@@ -192,7 +194,7 @@ def from_json_array(array: np.ndarray, what: str) -> Any:
 
 class EnvBase:
     """What the envs here share: finished episodes counted on the host, and the env's state
-    kept at the end of each iteration for checkpoints."""
+    kept at the end of the iterations a checkpoint may follow."""
 
     num_envs: int
     obs_shape: tuple[int, ...]
@@ -306,11 +308,6 @@ class Env(Protocol):
     def snapshot(self, iteration: int) -> dict[str, np.ndarray]:
         """The env's state (episodes in progress, RNG, statistics) at the end of
         ``iteration``, for a checkpoint: named numeric arrays."""
-        ...
-
-    def snapshots_at(self, when: Callable[[int], bool]) -> None:
-        """Snapshots only after the iterations (the whole run's numbering) ``when`` holds
-        at; every iteration's by default."""
         ...
 
     def restore(self, state: dict[str, np.ndarray]) -> None:

@@ -84,8 +84,10 @@ class JaxEnv(EnvBase):
         """After an iteration (of one env, or all): count its episodes, keep the state the
         next one starts from (for a checkpoint: the next iteration reads it on the device)."""
         self._record_rollout(point, rewards, dones)
-        iteration = self._keep_snapshot(point, lambda: {"obs": obs, **{f"leaf{n}": leaf
-                                                                       for n, leaf in enumerate(leaves)}})
+
+        def state() -> dict[str, np.ndarray]:
+            return {"obs": obs, **{f"leaf{n}": leaf for n, leaf in enumerate(leaves)}}
+        iteration = self._keep_snapshot(point, state)
         return (np.full(rewards.shape[:-1], iteration, np.float32),)
 
     def restore(self, state: dict[str, np.ndarray]) -> None:

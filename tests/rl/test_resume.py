@@ -55,17 +55,23 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, algorithm, env, backe
 def test_envs_keep_their_state_only_where_a_checkpoint_follows(tmp_path, monkeypatch):
     """An env's state for a checkpoint costs host time to build at every iteration (a
     gymnasium env's is each env's layers as JSON): a run keeps it only after the
-    iterations its checkpoint schedule writes one."""
+    iterations its checkpoint schedule writes one, and after its first (where a state
+    that cannot be stored fails early), in the whole run's numbering when resumed."""
     kept = []
     keep = Snapshots.keep
     monkeypatch.setattr(Snapshots, "keep", lambda self, it, state: kept.append(it) or keep(self, it, state))
     common = ("algorithm=ppo", "env=cartpole", "algorithm.num_steps=16", "env.num_envs=2",
               "total_timesteps=256", "backend=numpy")  # 8 iterations
-    train(config(*common, "checkpoint_every=3"), tmp_path / "every", progress=False)
-    assert kept == [2, 5, 7]
+    train(config(*common, "checkpoint_every=3", "keep_checkpoints=true"), tmp_path / "every", progress=False)
+    assert kept == [0, 2, 5, 7]
+    kept.clear()
+    saved = tmp_path / "every" / "checkpoints" / "iteration_2.npz"
+    train(config(*common, "checkpoint_every=3", "keep_checkpoints=true", f"resume_from={saved}"),
+          tmp_path / "resumed", progress=False)
+    assert kept == [3, 5, 7]
     kept.clear()
     train(config(*common), tmp_path / "last", progress=False)
-    assert kept == [7]
+    assert kept == [0, 7]
 
 
 def test_resuming_past_the_end_is_an_error(tmp_path):
