@@ -117,10 +117,14 @@ class Polyhedral:
         """``s`` with every parameter set to its concrete bound (and then dropped)."""
         if not self.parametric:
             return s
+        return s.intersect_params(self._concrete_params).project_out_all_params()
+
+    @cached_property
+    def _concrete_params(self) -> isl.Set:
+        """The parameters at their concrete bounds."""
         values = " and ".join(f"{p} = {self.bounds[b]}" for b, p in self.params.items()
                               if b in self.bounds)
-        fixed = s.intersect_params(isl.Set(self._text(f"{{ : {values or 'true'} }}"), context=ISL))
-        return fixed.project_out_all_params()
+        return isl.Set(self._text(f"{{ : {values or 'true'} }}"), context=ISL)
 
     def _bound(self, b: Symbol) -> str:
         return self.params[b] if self.parametric else str(self.bounds[b])
