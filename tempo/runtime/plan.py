@@ -21,7 +21,7 @@ import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -243,6 +243,18 @@ ANY = None
 """The offset of a statement with no instances in both entries: any offset fits."""
 
 
+class _MovedRead(NamedTuple):
+    """A read of a template that later entries move (``_ReadChecks.each``), with what
+    moving it looks up, found once per template."""
+
+    pos: int                             # the reader's exec position
+    k: int                               # its input
+    read: Reads
+    maker: int | None                    # where the loop makes the point read: its maker's exec position
+    linear: tuple[tuple[int, ...], ...] | None  # the index's coefficients, where it is affine
+    fetched: str | None                  # how the plan fetches it (``_Template.fetched``), or not
+
+
 @dataclass
 class _ReadChecks:
     """A template's reads, sorted for moving them to a later entry (``_moved_reads``)."""
@@ -251,11 +263,9 @@ class _ReadChecks:
     """The affine reads of values the loop makes that no store gives, one per kind:
     ``(coefficients, reader, maker)``, an exec position of the reader's index group and of
     the maker's (reads alike in these move alike)."""
-    each: list[tuple[int, int]]
-    """``(exec position, input)`` of the reads moved one by one: those of stored values,
-    and the other reads of values the loop makes (an index that is not affine)."""
-    made: frozenset[int]
-    """The ops the loop makes points of."""
+    each: list[_MovedRead]
+    """The reads moved one by one: those of stored values, and the other reads of values
+    the loop makes (an index that is not affine)."""
 
 
 @dataclass
@@ -821,34 +831,29 @@ class LoopPlanner:
         stores, ``_Template.fetched``) are moved, a constant's or a carry's initial value
         only at its first point; the others are only checked (None), affine ones once per
         kind (``_ReadChecks``)."""
-        fetched = template.fetched
         if template.checks is None:
             template.checks = self._read_checks(template)
         for linear, reader, maker in template.checks.shifts:
             target = ops[maker]
             if target is not ANY and _shifted(linear, ops[reader]) != target:
                 return None
-        made = template.checks.made
         reads: list[list[Reads | FirstRead | None]] = [[None] * len(row) for row in template.reads]
         shifts: dict[tuple, tuple[int, ...]] = {}  # (reads alike, as a model's parameters, move alike)
-        for pos, k in template.checks.each:
-            r = template.reads[pos][k]
-            assert r is not None
-            src = r.edge.src.id
-            target = ops[self.positions[src]] if src in made else ANY
-            linear = self.linear[self.execs[pos][0].id][k]
+        for pos, k, r, maker, linear, fetched in template.checks.each:
+            target = ANY if maker is None else ops[maker]
             if linear is not None:
-                shift = shifts.get((linear, ops[pos]))
+                offset = ops[pos]
+                shift = shifts.get((linear, offset))
                 if shift is None:
-                    shift = shifts[linear, ops[pos]] = _shifted(linear, ops[pos])
+                    shift = shifts[linear, offset] = _shifted(linear, offset)
                 if target is not ANY and shift != target:
                     return None
-                if fetched[pos, k] != "stacked":  # one stored value: only its first point is read
+                if fetched != "stacked":  # one stored value: only its first point is read
                     reads[pos][k] = FirstRead(r.edge, tuple(map(operator.add, r.first_point, shift)))
                     continue
                 coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
             else:
-                if target is ANY and (pos, k) not in fetched:
+                if target is ANY and fetched is None:
                     continue  # (nothing to check, nothing to fetch)
                 iterations, points = runs[pos]
                 if pos in template.taken:
@@ -857,7 +862,7 @@ class LoopPlanner:
                 coords = self._index(pos, k, points, len(r.iterations))
                 if target is not ANY and _offset(r.coords, coords) != target:
                     return None
-                if (pos, k) not in fetched:
+                if fetched is None:
                     continue
             reads[pos][k] = Reads(r.edge, r.iterations, coords, r.made_at, r.fits)
         return reads
@@ -877,12 +882,13 @@ class LoopPlanner:
                 src = r.edge.src.id
                 linear = self.linear[self.execs[pos][0].id][k]
                 if (pos, k) in fetched or (linear is None and src in made):
-                    each.append((pos, k))
+                    each.append(_MovedRead(pos, k, r, self.positions[src] if src in made else None,
+                                           linear, fetched.get((pos, k))))
                 elif linear is not None and src in made:
                     reader = of_group.setdefault(self.exec_groups[pos], pos)
                     maker = of_group.setdefault(self.exec_groups[self.positions[src]], self.positions[src])
                     shifts[linear, reader, maker] = None
-        return _ReadChecks(list(shifts), each, made)
+        return _ReadChecks(list(shifts), each)
 
 
 def _with_seeds(fetches: list[Fetch], seeds: dict[tuple[int, int], tuple[int, int]]) -> list[Fetch]:
