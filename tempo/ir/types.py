@@ -16,14 +16,14 @@ def as_shape(dims) -> Shape:
     return tuple(as_expr(d) for d in dims)
 
 
-_CANONICAL = {"float32", "float64", "float16", "int8", "int16", "int32", "int64",
-              "uint8", "uint16", "uint32", "uint64", "bool"}
+_CANONICAL = frozenset({"float32", "float64", "float16", "int8", "int16", "int32", "int64",
+                        "uint8", "uint16", "uint32", "uint64", "bool"})
 """Names that are their own canonical name (a compile makes thousands of types)."""
 
 
 def dtype_name(dtype) -> str:
     """Canonical dtype name; Python ``float``/``int`` map to float32/int32."""
-    if isinstance(dtype, str) and dtype in _CANONICAL:
+    if type(dtype) is str and dtype in _CANONICAL:
         return dtype
     if dtype is float:
         return "float32"

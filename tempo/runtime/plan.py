@@ -244,15 +244,16 @@ ANY = None
 
 
 class _MovedRead(NamedTuple):
-    """A read of a template that later entries move (``_ReadChecks.each``), with what
-    moving it looks up, found once per template."""
+    """A read of a template that later entries move or check (``_ReadChecks.each``), with
+    what doing so looks up, found once per template."""
 
     pos: int                             # the reader's exec position
     k: int                               # its input
     read: Reads
-    maker: int | None                    # where the loop makes the point read: its maker's exec position
+    maker: int | None                    # the exec position of the op making the point read;
+                                         # None: not made in the loop (any offset fits)
     linear: tuple[tuple[int, ...], ...] | None  # the index's coefficients, where it is affine
-    fetched: str | None                  # how the plan fetches it (``_Template.fetched``), or not
+    kind: str | None                     # how the plan fetches it (``_Template.fetched``); None: it does not
 
 
 @dataclass
@@ -839,7 +840,7 @@ class LoopPlanner:
                 return None
         reads: list[list[Reads | FirstRead | None]] = [[None] * len(row) for row in template.reads]
         shifts: dict[tuple, tuple[int, ...]] = {}  # (reads alike, as a model's parameters, move alike)
-        for pos, k, r, maker, linear, fetched in template.checks.each:
+        for pos, k, r, maker, linear, kind in template.checks.each:
             target = ANY if maker is None else ops[maker]
             if linear is not None:
                 offset = ops[pos]
@@ -848,12 +849,12 @@ class LoopPlanner:
                     shift = shifts[linear, offset] = _shifted(linear, offset)
                 if target is not ANY and shift != target:
                     return None
-                if fetched != "stacked":  # one stored value: only its first point is read
+                if kind != "stacked":  # one stored value: only its first point is read
                     reads[pos][k] = FirstRead(r.edge, tuple(map(operator.add, r.first_point, shift)))
                     continue
                 coords = tuple(c + d if d else c for c, d in zip(r.coords, shift))
             else:
-                if target is ANY and fetched is None:
+                if target is ANY and kind is None:
                     continue  # (nothing to check, nothing to fetch)
                 iterations, points = runs[pos]
                 if pos in template.taken:
@@ -862,7 +863,7 @@ class LoopPlanner:
                 coords = self._index(pos, k, points, len(r.iterations))
                 if target is not ANY and _offset(r.coords, coords) != target:
                     return None
-                if fetched is None:
+                if kind is None:
                     continue
             reads[pos][k] = Reads(r.edge, r.iterations, coords, r.made_at, r.fits)
         return reads

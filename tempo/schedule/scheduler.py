@@ -173,12 +173,13 @@ def _free_statements(graph: SDG, lasts: dict[tuple[int, int], isl.UnionMap]
     """A free statement per op, or per group of its outputs whose points are last used at
     the same times (``lasts``), with those times.
 
-    Outputs are grouped by their times' text: isl prints equal relations made alike
-    (from the same schedule, by ``_LastUse``) alike, and comparing texts takes a
-    dictionary lookup where isl's equality test took 70 us a pair (PPO's update, one
-    op of 46 outputs read at 39 different last times: 780 pairs, 56 ms). Should two
-    equal relations print differently, their outputs get a free statement each, at the
-    same times: one statement more, the same frees."""
+    Outputs are grouped by their times' text: outputs whose uses total the same relation
+    share one lexmax (``_LastUse``), and the other equal pairs of PPO, n-step and
+    REINFORCE printed alike too; printing each relation and a dictionary lookup replace
+    isl's equality test, 70 us a pair (PPO's update, one op of 46 outputs read at 39
+    different last times: 780 unequal pairs, 56 ms). Should two equal relations print
+    differently, their outputs get a free statement each, at the same times: one
+    statement more, the same frees."""
     groups: dict[int, dict[str, tuple[list[int], isl.UnionMap]]] = {}
     for (op_id, k), last in lasts.items():
         group = groups.setdefault(op_id, {}).setdefault(str(last), ([], last))
