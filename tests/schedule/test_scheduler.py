@@ -106,3 +106,29 @@ def test_first_points_are_where_the_program_first_reaches_each_statement():
     assert ast.first_points(root) == {"A": (), "B": (2,), "C": (2, 2), "D": (2,)}
     # D's guard skips its first iteration: first_points does not evaluate guards
     assert first == {"A": (), "B": (2,), "C": (2, 2), "D": (3,)}
+
+
+def test_outputs_used_last_alike_are_freed_together_and_apart_from_the_others():
+    """A host op's three outputs over ``t``: two read only at their own step, one read
+    whole at the end. The first two are freed together inside the loop, the third by a
+    statement of its own after every step has run; the run equals the reference."""
+    ctx = tp.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tp.symbol_value(t).astype("float32")
+        a, b, c = tp.udf(lambda v: (v + 1, v * 2, v - 3), [x],
+                         [((), "float32"), ((), "float32"), ((), "float32")], name="three")
+        both = a + b
+        total = c[0:T].sum()
+    exe = ctx.compile({T: 6}, [both, total], backend="numpy")
+    frees = {s.freed: name for name, s in exe.schedule.statements.items()
+             if s.kind == "free" and s.op is a.op}
+    assert set(frees) == {(0, 1), (2,)}
+    run_a = next(name for name, st in exe.schedule.statements.items() if st.kind == "exec" and st.op is a.op)
+    [loop] = [lp for lp in _loops(exe.schedule.root) if run_a in dict(_statements(lp.body))]
+    in_loop = dict(_statements(loop.body))
+    assert frees[0, 1] in in_loop and frees[2,] not in in_loop
+    got = exe.run()
+    steps = np.arange(6, dtype=np.float32)
+    np.testing.assert_allclose(got[both], (steps + 1) + steps * 2)
+    np.testing.assert_allclose(got[total], (steps - 3).sum())
