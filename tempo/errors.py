@@ -104,3 +104,8 @@ class GraphError(TempoError):
 class Unlowerable(Exception):  # noqa: N818 - control flow inside the runtime, never raised to users
     """A loop entry's reads do not fit a scan (``tempo.runtime.plan``); the message says
     why, and the loop runs interpreted instead."""
+
+
+class Uncapturable(Exception):  # noqa: N818 - control flow inside the runtime, never raised to users
+    """An iteration of a training loop cannot run as one program (``tempo.runtime.capture``);
+    the message says why, and its iterations run statement by statement instead."""

@@ -102,6 +102,21 @@ class LoopPolicy:
     iteration's metrics 0.5 s later), and an interrupt drops the last iteration's queued
     sinks."""
 
+    capture: bool | None = None
+    """On the JAX backend (one device, ``mode`` lowered), run each steady iteration of the
+    program's training loop (its outermost loop holding a lowered loop) as one XLA
+    program: its scans, kernels and stores' updates traced once per kind of iteration,
+    compiled in the background, its first run checked against the interpreted iteration
+    (``tempo.runtime.capture``). The host ops that only feed sinks then run late
+    (``late_sinks``, unless set). Where the loop does not allow it (a host env's step in
+    it), it runs as before, and ``Executable.iteration_report`` says why. None (default):
+    where a kind's program matched the interpreted iteration bit for bit (so a run's
+    results do not depend on which iterations ran as programs; PPO does, n-step and
+    REINFORCE, whose varying-length sums XLA adds up otherwise than NumPy, do not), and on
+    a CPU only where the program was compiled on this machine before or the loop has at
+    least ``capture.CPU_FRESH_ITERATIONS`` iterations (the compile shares the run's
+    cores). True: wherever it can, up to rounding. False: never."""
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown loop mode {self.mode!r}; choose one of {', '.join(MODES)}")
@@ -109,6 +124,8 @@ class LoopPolicy:
             raise ValueError(f"max_stacked_mb must be >= 0 MiB or None, got {self.max_stacked_mb}")
         if self.late_sinks is not None and not isinstance(self.late_sinks, bool):
             raise ValueError(f"late_sinks must be true, false or None, got {self.late_sinks!r}")
+        if self.capture is not None and not isinstance(self.capture, bool):
+            raise ValueError(f"capture must be true, false or None, got {self.capture!r}")
 
 
 @dataclass(frozen=True)

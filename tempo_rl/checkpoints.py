@@ -42,8 +42,8 @@ CONFIG_KEY = "__config__"
 NORMALIZATION_KEY = STATE_PREFIX + "mean"
 """Present in checkpoints of runs with normalized observations."""
 RESUMABLE = ("total_timesteps", "resume_from", "resume_override", "checkpoint_every", "keep_checkpoints",
-             "progress", "compile_report", "profile", "logger", "backend", "loops", "late_sinks", "memory",
-             "passes", "distributed", "cpu_async_dispatch")
+             "progress", "compile_report", "profile", "logger", "backend", "loops", "late_sinks", "capture",
+             "memory", "passes", "distributed", "cpu_async_dispatch")
 """Config keys (and groups) a resumed run may change: how long it runs, what it logs, and
 how the same program is compiled and executed (on how many devices too)."""
 

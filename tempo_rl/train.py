@@ -245,7 +245,7 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
                       passes=None if passes is None else list(passes),
                       memory=tp.MemoryPolicy(**cfg.get("memory", {})),
                       loops=tp.LoopPolicy(str(cfg.get("loops") or "lowered"),
-                                          late_sinks=cfg.get("late_sinks")),
+                                          late_sinks=cfg.get("late_sinks"), capture=cfg.get("capture")),
                       distribution=split)
     compiled = time.perf_counter()
     logger.memory = lambda: exe.stats
@@ -265,6 +265,8 @@ def _train(cfg: dict[str, Any], out_dir: Path, saved: dict[str, np.ndarray] | No
             print(choice)
         if exe.backend.name == "jax":
             print(exe.xla)
+        if exe.iteration_report:
+            print(exe.iteration_report)
     memory = {"device_peak_mb": exe.stats.peak_device_bytes / MIB,
               "host_peak_mb": exe.stats.peak_host_bytes / MIB, "rss_peak_mb": peak_rss_bytes() / MIB,
               "split_peak_mb": exe.stats.split.run_peak / MIB}

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tempo.errors import TempoError
+from tempo.errors import TempoError, Uncapturable
 from tempo.ir.graph import Op
 from tempo.ir.ops import op_def
 from tempo.runtime.stores import ALIGNMENT
@@ -34,6 +34,8 @@ class Backend(Protocol):
     """Kernels return once their outputs are computed (no asynchronous dispatch)."""
     on_cpu: bool
     """Whether the backend computes on this host's CPU (its arrays are host memory)."""
+    capturing: bool
+    """Whether an iteration is being traced into one program (``tempo.runtime.capture``)."""
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         """The function that runs ``op`` on this backend's arrays."""
@@ -111,6 +113,7 @@ class NumpyBackend:
     mesh = None
     one_at_a_time = False
     on_cpu = True
+    capturing = False
 
     def kernel(self, op: Op, static_params: dict | None, static_shapes: bool) -> DeviceKernel:
         fn = op.definition.kernel
@@ -192,6 +195,9 @@ class JaxBackend:
         """The array module kernels are traced with."""
         self._many_processes = jax.process_count() > 1
         self._process_rows: dict[tuple[str, int], tuple[int, int]] = {}
+        self.capturing = False
+        """Set while an iteration is traced into one program (``tempo.runtime.capture``):
+        values are tracers, nothing is donated or copied to the host."""
         self.one_at_a_time = self.on_cpu and mesh is not None and mesh.size > 1
         """A program holding a collective returns once its outputs are computed. Over
         several CPU devices, XLA runs each device's part of a program on a shared thread
@@ -261,8 +267,13 @@ class JaxBackend:
         if op.kind == "const" and static_params is not None and not donate:
             return self._constant(op.id, static_params["value"])
         if not static_shapes:
-            host = self.to_host
-            return lambda params, *xs: fn(np, params, *(host(x) for x in xs))
+            host, xp = self.to_host, self.xp
+
+            def varying(params: dict, *xs: Any) -> Any:
+                if self.capturing:  # (an iteration's one program: every shape is fixed in it)
+                    return fn(xp, params, *xs)
+                return fn(np, params, *(host(x) for x in xs))
+            return varying
         if static_params is not None:
             compiled = self._jitted(op.kind, static_params, donate, op.id)
             return lambda params, *xs: compiled(*xs)
@@ -390,6 +401,11 @@ class JaxBackend:
         specs = self._specs(args)
         return _compiler_thread().submit(lambda: jitted.lower(*specs).compile())
 
+    def compile_lowered_in_background(self, lowered: Any) -> Future:
+        """Compile ``lowered`` (a traced and lowered ``jax.jit`` program: a captured
+        iteration's, ``tempo.runtime.capture``) on the thread of ``compile_later``."""
+        return _compiler_thread().submit(lowered.compile)
+
     def _specs(self, args: Any) -> Any:
         """``args`` as shapes and dtypes (``BufferShape``s are shapes already)."""
         return self.jax.tree_util.tree_map(
@@ -414,8 +430,9 @@ class JaxBackend:
         return future
 
     def donatable(self, value: Any) -> bool:
-        """Whether a kernel can take ``value``'s buffer over (a device array)."""
-        return isinstance(value, self.jax.Array)
+        """Whether a kernel can take ``value``'s buffer over (a device array; not while an
+        iteration is captured, ``capturing``)."""
+        return isinstance(value, self.jax.Array) and not self.capturing
 
     def from_host(self, value: np.ndarray) -> Any:
         """``value`` on the device; small values (a point op's coordinates or row index)
@@ -452,6 +469,8 @@ class JaxBackend:
     def to_host(self, value: Any) -> np.ndarray:
         """``value`` as a NumPy array; a value split over several processes' devices is
         gathered from every process (each must ask for it: they run the same program)."""
+        if self.capturing:
+            raise Uncapturable("a host op outside the late sinks reads a value the iteration computes")
         if self._many_processes and isinstance(value, self.jax.Array) and not value.is_fully_addressable:
             from jax.experimental import multihost_utils
             return np.asarray(multihost_utils.process_allgather(value, tiled=True))
@@ -462,7 +481,7 @@ class JaxBackend:
         work that makes it (``jax.Array.copy_to_host_async``), so that a late sink reading
         it an iteration on finds it there instead of queueing its copy behind the next
         iteration's work; a CPU's values are host memory already."""
-        if self.on_cpu:
+        if self.on_cpu or self.capturing:
             return
         for value in values:
             if isinstance(value, self.jax.Array) and value.is_fully_addressable:
@@ -522,7 +541,8 @@ class JaxBackend:
         mesh on the devices, which keeps the values' shardings, unless they are all host
         arrays (a host op's outputs: n-step's discounted sums over 4 forced CPU devices,
         two stacks of 258 points, 4-6 ms an iteration)."""
-        if self.on_cpu and (self.mesh is None or all(isinstance(v, np.ndarray) for v in values)):
+        if self.on_cpu and not self.capturing and (self.mesh is None or all(isinstance(v, np.ndarray)
+                                                                            for v in values)):
             return self.jax.device_put(np.stack([np.asarray(v) for v in values]))  # (adopts the new stack)
         return self._settled(self.jnp.stack(values))
 

@@ -31,6 +31,18 @@ from tempo.runtime.blocks import (
     source_store,
     whole_buffers,
 )
+from tempo.runtime.capture import (
+    CPU_FRESH_ITERATIONS,
+    STATEMENT,
+    IterationPlan,
+    IterationRun,
+    IterationRunner,
+    compiled_before,
+    iteration_source,
+    plan_iterations,
+    program_key,
+    replace_loop,
+)
 from tempo.runtime.footprint import Footprint, Prediction
 from tempo.runtime.lowering import LoopChoice, LoopLauncher, Lowerable, lower_loops, peeled_iterations_back
 from tempo.runtime.nest import depth, statement_names
@@ -139,11 +151,29 @@ class Executable:
         """The ops of loops lowered in spans (``tempo.runtime.lowering``)."""
         in_loops = {schedule.statements[s].op.id for lowerable in self._lowered.values()
                     for s in statement_names(lowerable.loop)}
-        late = backend.name == "jax" and not self._spanned and getattr(backend, "mesh", None) is None \
-            and (self.loops.late_sinks if self.loops.late_sinks is not None else not backend.on_cpu)
+        one_device = getattr(backend, "mesh", None) is None
+        capture = lowering and self.loops.capture is not False and self.loops.mode == "lowered" and one_device
+        late_sinks = self.loops.late_sinks
+        if late_sinks is None:  # (late on an accelerator, and where iterations are captured)
+            late_sinks = not backend.on_cpu or capture
+        late = backend.name == "jax" and not self._spanned and one_device and late_sinks
         self.tail = host_tail(graph, schedule.last_reads, in_loops) if late else NO_TAIL
         """The host ops that only feed sinks, which run one occurrence late, with the ops
         and frees between them (``tempo.runtime.tail``)."""
+        self.iterations: IterationPlan | None = None
+        """The captured training loop (``LoopPolicy.capture``, ``tempo.runtime.capture``)."""
+        self.capture_refused: str | None = None
+        """Why the program's training loop is not captured where that was asked."""
+        program_root, marker = root, None
+        if capture:
+            found = self._captured_loop(root)
+            if isinstance(found, str):
+                self.capture_refused = found
+                if self.loops.late_sinks is None and backend.on_cpu:  # (late only for the capture)
+                    self.tail = NO_TAIL
+            else:
+                self.iterations, marker = found
+                program_root = replace_loop(root, self.iterations.loop)
         self._launchers: dict[str, LoopLauncher] = {}
         """Each lowerable loop's launcher, made at the first run and kept across runs (its
         compiled scans, plan templates and timings with it)."""
@@ -156,8 +186,29 @@ class Executable:
         entries (``LoopLauncher.compile_ahead``): the first run does."""
         self.xla = XlaCompiles()
         """What making XLA programs cost during the runs (JAX backend)."""
-        self.source = _program_source(root, [*schedule.statements, *self._lowered])
+        extra = [STATEMENT] if self.iterations is not None else []
+        self.source = _program_source(program_root, [*schedule.statements, *self._lowered, *extra])
         self._program = _compile_source(self.source) if self._lowered else self._interpreted
+        self._runner: IterationRunner | None = None
+        if self.iterations is not None:
+            self._runner = IterationRunner(self.iterations, _compile_source(
+                iteration_source(self.iterations.loop), "iteration"), backend, self._launchers,  # type: ignore[arg-type]
+                exact=self.loops.capture is None, marker=marker)
+
+    def _captured_loop(self, root: ast.Node) -> tuple[IterationPlan, str] | str:
+        """The training loop to capture (``LoopPolicy.capture``) and its compile-cache key,
+        or why it is not captured."""
+        found = plan_iterations(root, self.schedule.statements, self.graph, self.bounds, self._lowered,
+                                self.tail)
+        if isinstance(found, str):
+            return found
+        marker = program_key(iteration_source(found.loop), self.graph, self.backend)  # type: ignore[arg-type]
+        iterations = found.stop - int(found.loop.start.value)
+        if self.loops.capture is None and self.backend.on_cpu and iterations < CPU_FRESH_ITERATIONS \
+                and not compiled_before(marker):
+            return (f"{iterations} iterations, fewer than the {CPU_FRESH_ITERATIONS} a CPU needs to pay "
+                    f"for a first compile (LoopPolicy(capture=True) captures them)")
+        return found, marker
 
     def run(self, origin: dict[Symbol, int] | None = None,
             profile: RunProfile | None = None) -> Results:
@@ -196,6 +247,7 @@ class Executable:
         recording = self.xla.recording() if self.backend.name == "jax" else contextlib.nullcontext()
         try:
             self._bind_loops(stores, namespace, batched, profile)
+            self._bind_iterations(stores, namespace, batched, shift, lag if profile is None else None)
             with recording:
                 self._program(namespace)
                 if lag is not None:
@@ -216,6 +268,8 @@ class Executable:
             for launch in self._launchers.values():  # the launchers outlive the run, its values must not
                 launch.bind({}, {}, {})
                 launch.cancel_waiting()
+            if self._runner is not None:
+                self._runner.bind({}, None)
             for programs in self._programs.values():  # (a run that stopped early)
                 programs.cancel_waiting()
             for future in ahead:  # kernels of statements the run did not reach
@@ -239,6 +293,41 @@ class Executable:
             if name in firsts and self.backend.mesh is None:  # (not a nest's inner loop)
                 launch.compile_ahead(firsts[name])
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
+
+    def _bind_iterations(self, stores: dict, namespace: dict[str, Callable], batched: dict[str, Callable],
+                         shift: dict[Symbol, int], lag: Lag | None) -> None:
+        """The captured loop's iterations (statement ``I0``) bound to this run: as one
+        program each where their kind allows it, with the run's late queue (``lag``); without
+        one (a profiled run), statement by statement."""
+        runner, plan = self._runner, self.iterations
+        if runner is None or plan is None:
+            return
+        namespace[STATEMENT] = runner
+        if lag is None:
+            runner.bind(namespace, None)
+            return
+        statements = self.schedule.statements
+        values = {name: (_point_value(statements[name].op, self.bounds, shift),
+                         _rows_value(statements[name].op, self.bounds, shift)
+                         if statements[name].op.definition.batched is not None else None)
+                  for name in plan.points}
+
+        def make_stores(stats: MemoryStats) -> dict:
+            return _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, stats, self.swapped,
+                                self.windows)
+
+        def statement_table(over: dict) -> dict[str, Callable]:
+            return _statement_table(self.graph, self.schedule, over, self.bounds, self.backend, shift,
+                                    self.ctx.bound_of, self._programs, self._spanned, (self.tail, Lag()))
+        runner.bind(namespace, IterationRun(stores, namespace, batched, values, self.stats, make_stores,
+                                            statement_table))
+
+    @property
+    def iteration_report(self) -> str:
+        """What capturing the training loop's iterations did (``LoopPolicy.capture``)."""
+        if self._runner is not None:
+            return str(self._runner.report)
+        return f"iterations not captured: {self.capture_refused}" if self.capture_refused else ""
 
     def execution_order(self) -> list[tuple[str, Op, tuple[int, ...]]]:
         """What ``run()`` executes, in order, without running it: ``("exec" | "free", op,
@@ -309,10 +398,10 @@ def _program_source(root: ast.Node, statements: Collection[str]) -> str:
     ])
 
 
-def _compile_source(source: str) -> Callable[[dict], None]:
+def _compile_source(source: str, name: str = "program") -> Callable[..., None]:
     namespace: dict[str, Any] = {"min": min, "max": max}
     exec(compile(source, "<tempo program>", "exec"), namespace)  # noqa: S102 - generated code
-    return namespace["program"]
+    return namespace[name]
 
 
 def _checked_origin(ctx: ProgramDims, origin: dict[Symbol, int]) -> dict[Symbol, int]:
@@ -784,14 +873,23 @@ def _late_host_launcher(name: str, op: Op, edges: list[Edge], stores: dict, boun
                       shift, _kept_on_host(op, stores))
     to_host, ahead = backend.to_host, backend.copy_to_host_ahead
 
-    def launch(point: tuple[int, ...]) -> None:
-        early = [None if late else read(phi(*point)) for read, phi, late in reads]
+    def early_of(point: tuple[int, ...]) -> list:
+        """The inputs read where the program reaches the op (None: those of the tail)."""
+        return [None if late else read(phi(*point)) for read, phi, late in reads]
+
+    def given(point: tuple[int, ...], early: list) -> None:
+        """Queue the op at ``point`` with ``early`` (``early_of``) its inputs from outside
+        the tail: a captured iteration's (``tempo.runtime.capture``) come from its program."""
         ahead(early)
 
         def run_late() -> None:
             call(point, [to_host(read(phi(*point)) if late else value)
                          for (read, phi, late), value in zip(reads, early)])
         lag.defer(name, run_late)
+
+    def launch(point: tuple[int, ...]) -> None:
+        given(point, early_of(point))
+    launch.early_of, launch.given = early_of, given  # type: ignore[attr-defined]
     return launch
 
 
@@ -823,20 +921,35 @@ def _batched_point_ops(schedule: Schedule, stores: dict, bounds: dict[Symbol, in
     """Per statement of an op with a batched kernel (``OpDef.batched``): a function that
     writes its values at many points at once, ``fn(coordinate arrays, points)``; a
     lowered loop's plan runs these instead of one launch per point."""
-    table = {}
-    for name, stmt in schedule.statements.items():
-        op = stmt.op
-        if stmt.kind != "exec" or op.definition.batched is None:
-            continue
-        shifted, offsets = _host_view(op, bounds, shift)
+    return {name: _batched_launcher(_rows_value(stmt.op, bounds, shift), stores[(stmt.op.id, 0)])
+            for name, stmt in schedule.statements.items()
+            if stmt.kind == "exec" and stmt.op.definition.batched is not None}
 
-        def launch(coords: tuple, points: list[tuple], op: Op = op, shifted: dict = shifted,
-                   offsets: list[int] = offsets, store: Any = stores[(op.id, 0)]) -> None:
-            point = {**shifted, **{d: c + k for d, c, k in zip(op.domain, coords, offsets)}}
-            values = op.definition.batched(op.params, point, len(points))
-            store.write_rows(points, values, list(range(len(points))))
-        table[name] = launch
-    return table
+
+def _batched_launcher(values: Callable[[tuple, int], Any], store: Any) -> Callable[[tuple, list], None]:
+    def launch(coords: tuple, points: list[tuple]) -> None:
+        store.write_rows(points, values(coords, len(points)), list(range(len(points))))
+    return launch
+
+
+def _rows_value(op: Op, bounds: dict[Symbol, int], shift: dict[Symbol, int]) -> Callable[[tuple, int], Any]:
+    """A batched point op's values at ``count`` points given by coordinate arrays."""
+    shifted, offsets = _host_view(op, bounds, shift)
+
+    def values(coords: tuple, count: int) -> Any:
+        point = {**shifted, **{d: c + k for d, c, k in zip(op.domain, coords, offsets)}}
+        return op.definition.batched(op.params, point, count)
+    return values
+
+
+def _point_value(op: Op, bounds: dict[Symbol, int], shift: dict[Symbol, int]) -> Callable[[tuple], Any]:
+    """A point op's value at a point, as its host launcher computes it (``_host_call``)."""
+    shifted, offsets = _host_view(op, bounds, shift)
+
+    def value(point: tuple[int, ...]) -> Any:
+        return op.definition.kernel(op.params, {**shifted, **{d: p + k for d, p, k in
+                                                              zip(op.domain, point, offsets)}})
+    return value
 
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],

@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from tempo.errors import Unlowerable
+from tempo.errors import Uncapturable, Unlowerable
 from tempo.ir.graph import SDG, Op, has_static_shapes, rows_moved
 from tempo.ir.ops import param_symbols, resolve_params
 from tempo.options import LoopPolicy
@@ -482,6 +482,9 @@ class LoopLauncher:
         rows, for NumPy arrays."""
         self.traced: dict[tuple, Callable] = {}
         """Compiled scans by plan signature."""
+        self.jitted: dict[tuple, Callable] = {}
+        """Their jitted (traceable) functions, by signature, for iterations captured whole
+        (``tempo.runtime.capture``)."""
         self.span_seconds = 0.0
         """A loop lowered in spans: the seconds its scans took (planned, compiled, run)."""
         self.compiling: dict[tuple, Future] = {}
@@ -531,6 +534,8 @@ class LoopLauncher:
                 self.choice.reused += self.planner.reused - reused
                 self._run_lowered(plan)
             except Unlowerable as why:
+                if self.backend.capturing:  # (an iteration traced: its loops run as they did)
+                    raise Uncapturable(f"loop {self.choice.name}: {why}") from why
                 self.choice.fallbacks.append(str(why))
                 form = "interpreted"
         self.last_form = form
@@ -864,7 +869,11 @@ class LoopLauncher:
         started (``_call_sinks``)."""
         signature = plan.signature if span is None else (plan.signature, span.signature)
         fn = self.traced.get(signature)
-        if fn is None:  # (a traced plan's outputs fit: their size is part of its signature)
+        if self.backend.capturing:  # traced into an iteration's program (``tempo.runtime.capture``)
+            if fn is None or span is not None:
+                raise Uncapturable(f"loop {self.choice.name} has no scan for this entry yet")
+            fn = self.jitted.get(signature) or self.jitted.setdefault(signature, self._jitted(plan, None))
+        elif fn is None:  # (a traced plan's outputs fit: their size is part of its signature)
             stacked = self._stacked_bytes(plan) / 2**20
             if stacked > self.max_stacked_mb:
                 raise Unlowerable(f"its outputs stacked over the loop would hold {stacked:.0f} MiB, more "
@@ -898,7 +907,7 @@ class LoopLauncher:
                 self._free(op, freed, points)
             frees = []
             span.written_back(plan, buffers)
-        if self.wait_for_outputs or self.collective[signature]:
+        if not self.backend.capturing and (self.wait_for_outputs or self.collective[signature]):
             self.backend.synchronize((last, outputs))
         lasts: dict[int, tuple] = {}  # per op: its point at the last iteration (its outputs share it)
         for key in plan.finals:  # the one kept point, made at the last iteration

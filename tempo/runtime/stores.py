@@ -7,7 +7,7 @@ import ctypes
 import functools
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,10 @@ from tempo.ir.graph import rows_moved
 
 if TYPE_CHECKING:
     from tempo.runtime.backends import Backend
+
+Relative = Callable[[tuple[int, ...]], "tuple[int, ...] | None"]
+"""A point (or a buffer's prefix) relative to an iteration, or None where it is not one a
+captured iteration touches (``tempo.runtime.capture``)."""
 
 
 @dataclass
@@ -321,6 +325,45 @@ class PointStore:
     def _row_bytes(self, values: Any) -> int:
         """Bytes of one point held as a row of the stacked array ``values``."""
         return self.point_bytes if self.point_bytes is not None else values.nbytes // max(1, values.shape[0])
+
+    # ---- a captured iteration's state (``tempo.runtime.capture``) --------------------------
+    def state(self, relative: Relative) -> tuple[Hashable, list]:
+        """The points ``relative`` names (by their point relative to an iteration; None:
+        left out) as ``(structure, values)``: the structure lists the relative points in
+        order, and of points waiting as rows of a stacked array which value holds it and
+        the row; the values are the arrays."""
+        data, waiting = self.data, self.data.rows
+        named = sorted((r, p) for p in data if (r := relative(p)) is not None)
+        values = [data[p] for _, p in named]
+        stacked: dict[int, int] = {}
+        rows = []
+        for r, p in sorted((r, p) for p in waiting if (r := relative(p)) is not None):
+            array, row = waiting[p]
+            n = stacked.get(id(array))
+            if n is None:
+                n = stacked[id(array)] = len(values)
+                values.append(array)
+            rows.append((r, n, row))
+        return (tuple(r for r, _ in named), tuple(rows)), values
+
+    def forget_state(self, structure: Hashable, place: Callable[[tuple], tuple]) -> None:
+        """Forget the points of a ``state``'s structure (placed by ``place``), without
+        counting them (``set_state``)."""
+        named, rows = structure  # type: ignore[misc]
+        for r in named:
+            del self.data[place(r)]
+        for r, _, _ in rows:
+            del self.data.rows[place(r)]
+
+    def set_state(self, structure: Hashable, values: list, place: Callable[[tuple], tuple]) -> None:
+        """Hold the points of a ``state`` (each relative point placed by ``place``), without
+        counting them: a captured iteration accounts for its bytes as a whole."""
+        named, rows = structure  # type: ignore[misc]
+        data = self.data
+        for r, value in zip(named, values):
+            data[place(r)] = value
+        for r, n, row in rows:
+            data.rows[place(r)] = (values[n], row)
 
 
 def _rows_of(arrays: Any, values: Any, rows: list[int]) -> Any:
@@ -655,7 +698,8 @@ class DeviceBuffers:
         (glibc keeps freed blocks smaller than the largest it has handed back; a grown
         buffer is larger than any before it): causal decoding, batch 8, 8K positions,
         peak RSS 711 MiB against 608 with it, the same tokens/s (2026-11-26)."""
-        grown_buffers.grew(self.backend, block)
+        if not self.backend.capturing:  # (a captured iteration's buffers are the program's)
+            grown_buffers.grew(self.backend, block)
 
 
 class BlockStore:
@@ -929,6 +973,50 @@ class BlockStore:
             self.bytes.now -= self.blocks[prefix].nbytes
             del self.blocks[prefix], self.live[prefix], self.produced[prefix]
 
+    # ---- a captured iteration's state (``tempo.runtime.capture``) --------------------------
+    def state(self, relative: Relative) -> tuple[Hashable, list]:
+        """``PointStore.state`` for buffers: those of the prefixes ``relative`` names, with
+        their written and live rows, and the row a kernel returned last where its prefix is
+        named."""
+        named = sorted((r, p) for p in self.blocks if (r := relative(p)) is not None)
+        values = [self.blocks[p] for _, p in named]
+        buffers = tuple((r, tuple(sorted(self.live[p])), tuple(sorted(self.produced[p])), self._ring(p))
+                        for r, p in named)
+        latest = None
+        if self.latest is not None and (r := relative(self.latest[0][:-1])) is not None:
+            latest = (r, self.latest[0][-1])
+            values.append(self.latest[1])
+        return (buffers, latest), values
+
+    def _ring(self, prefix: tuple[int, ...]) -> Hashable:
+        """What a ring keeps of ``prefix`` beside its rows (``WindowStore``): nothing here."""
+        return None
+
+    def _forget(self, prefix: tuple[int, ...]) -> None:
+        del self.blocks[prefix], self.live[prefix], self.produced[prefix]
+
+    def forget_state(self, structure: Hashable, place: Callable[[tuple], tuple]) -> None:
+        """Forget the buffers of a ``state``'s structure (``PointStore.forget_state``)."""
+        buffers, latest = structure  # type: ignore[misc]
+        for r, *_ in buffers:
+            self._forget(place(r))
+        if latest is not None:
+            self.latest = None
+
+    def set_state(self, structure: Hashable, values: list, place: Callable[[tuple], tuple]) -> None:
+        """Hold the buffers of a ``state`` (``PointStore.set_state``)."""
+        buffers, latest = structure  # type: ignore[misc]
+        for (r, live, produced, ring), block in zip(buffers, values):
+            prefix = place(r)
+            self.blocks[prefix], self.live[prefix], self.produced[prefix] = block, set(live), set(produced)
+            self._set_ring(prefix, ring)
+        if latest is not None:
+            r, k = latest
+            self.latest = ((*place(r), k), values[len(buffers)])
+
+    def _set_ring(self, prefix: tuple[int, ...], ring: Hashable) -> None:
+        """Hold what ``_ring`` gave for ``prefix``."""
+
 
 class WindowStore(BlockStore):
     """A ``BlockStore`` for RTs whose readers see at most ``capacity`` consecutive points
@@ -1079,6 +1167,17 @@ class WindowStore(BlockStore):
         if prefix not in self.blocks:
             self.written.pop(prefix, None)
             self.capacity.pop(prefix, None)
+
+    def _ring(self, prefix: tuple[int, ...]) -> Hashable:
+        return self.capacity[prefix], tuple(sorted(self.written[prefix].items()))
+
+    def _forget(self, prefix: tuple[int, ...]) -> None:
+        super()._forget(prefix)
+        del self.capacity[prefix], self.written[prefix]
+
+    def _set_ring(self, prefix: tuple[int, ...], ring: Hashable) -> None:
+        capacity, written = ring  # type: ignore[misc]
+        self.capacity[prefix], self.written[prefix] = capacity, dict(written)
 
 
 def _by_prefix(points: list[tuple[int, ...]], rows: list[int] | None = None
