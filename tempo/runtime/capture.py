@@ -57,7 +57,15 @@ from tempo.errors import Uncapturable
 from tempo.ir.graph import SDG, Op
 from tempo.ir.ops import param_symbols
 from tempo.runtime.plan import point_op
-from tempo.runtime.stores import BlockStore, Bytes, DeviceBuffers, MemoryStats, PointStore, WindowStore
+from tempo.runtime.stores import (
+    BlockStore,
+    Bytes,
+    DeviceBuffers,
+    MemoryStats,
+    PointStore,
+    WindowStore,
+    return_freed_memory,
+)
 from tempo.runtime.tail import Tail
 from tempo.schedule import ast
 from tempo.schedule.scheduler import Statement
@@ -692,6 +700,7 @@ class IterationRunner:
             return
         if self.marker is not None:
             cache.store(MARKER, self.marker, "compiled")
+        return_freed_memory()  # (what XLA's compiler freed; glibc keeps it otherwise)
 
     # ---- running a kind's program ------------------------------------------------------
     def _window(self, keys: Any, c: int, stores: dict | None = None,
