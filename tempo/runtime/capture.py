@@ -82,8 +82,11 @@ WAIT_FOR_PROGRAMS = False
 iterations that follow: its first run is then the very next iteration of the kind, whatever
 the machine's speed (tests set it)."""
 MARKER = "captured"
-"""The compile cache's kind of entry noting that a program's captured iterations were
-compiled on this machine before (``compiled_before``)."""
+"""The compile cache's kind of entry noting how a program's captured iterations compared
+with its interpreted ones where they were checked on this machine (``checked_before``)."""
+EXACT, CLOSE, DIFFERENT = "exact", "close", "different"
+"""How a kind's program compared with the interpreted iteration: bit for bit, up to
+rounding, or otherwise."""
 CPU_FRESH_ITERATIONS = 3000
 """On a CPU, a loop whose captured programs were not compiled before is captured by
 default (``LoopPolicy.capture`` None) only where it has at least this many iterations: the
@@ -376,17 +379,40 @@ def _read_offset(phi: tuple, domain: tuple[Symbol, ...], dim: Symbol) -> int | s
 
 def program_key(source: str, graph: SDG, backend: JaxBackend) -> str:
     """What identifies a program's captured iterations in the compile cache (its loop
-    program, its ops' kinds and types, JAX and the device): where ``compiled_before`` finds
-    it, XLA's cache most likely holds their programs. It only decides when to capture on a
-    CPU (``CPU_FRESH_ITERATIONS``), never what runs."""
+    program, its ops' kinds and types, JAX and the device): ``checked_before`` then says how
+    they compared before, and that XLA's cache most likely holds their programs. It only
+    decides whether to capture (``Executable``), never what runs: every program is checked
+    at its first run."""
     ops = "\n".join(f"{op.id} {op.kind} {op.domain} {op.outputs}" for op in graph.ops.values())
     return f"{backend.jax.__version__}\n{backend.jax.default_backend()}\n{source}\n{ops}"
 
 
-def compiled_before(key: str) -> bool:
-    """Whether the compile cache notes that the captured iterations of the program ``key``
-    names were compiled before."""
-    return cache.load(MARKER, key) is not None
+def checked_before(key: str) -> str | None:
+    """How the captured iterations of the program ``key`` names compared with the
+    interpreted ones where they were checked on this machine before (``EXACT``, ``CLOSE``,
+    ``DIFFERENT``; their program was compiled then, and XLA's cache likely holds it), or
+    None."""
+    found = cache.load(MARKER, key)
+    return found if found in (EXACT, CLOSE, DIFFERENT) else None
+
+
+def not_worth_capturing(plan: IterationPlan, key: str, mode: bool | None, on_cpu: bool) -> str | None:
+    """Why ``LoopPolicy.capture`` ``mode`` leaves the loop of ``plan`` (the program ``key``
+    names) uncaptured, or None: a program that differed from the interpreted iteration
+    where it was checked on this machine before (by default, also one that differed in its
+    last bits only), and by default on a CPU a loop of fewer than ``CPU_FRESH_ITERATIONS``
+    iterations whose program was never checked here (compiling it would share the run's
+    cores)."""
+    before = checked_before(key)
+    if before == DIFFERENT or before == CLOSE and mode is None:
+        how = " in their last bits (LoopPolicy(capture=True) runs them)" if before == CLOSE else ""
+        return (f"its programs' values differed from the interpreted iterations'{how} where they were "
+                f"checked on this machine before")
+    iterations = plan.stop - int(plan.loop.start.value)
+    if mode is None and on_cpu and before is None and iterations < CPU_FRESH_ITERATIONS:
+        return (f"{iterations} iterations, fewer than the {CPU_FRESH_ITERATIONS} a CPU needs to pay for a "
+                f"first compile (LoopPolicy(capture=True) captures them)")
+    return None
 
 
 def replace_loop(root: ast.Node, loop: ast.Loop) -> ast.Node:
@@ -519,7 +545,7 @@ class IterationRunner:
         iteration bit for bit (``LoopPolicy.capture`` None): the run's results then do not
         depend on which iterations ran as programs. Else up to rounding (``_close``)."""
         self.marker = marker
-        """The compile-cache key under which a compiled program is noted (``compiled_before``)."""
+        """The compile-cache key under which a checked program's outcome is noted (``checked_before``)."""
         self.kinds: dict[tuple, _Kind] = {}
         self.report = IterationReport()
         self.run: IterationRun | None = None
@@ -698,8 +724,6 @@ class IterationRunner:
         except Exception as err:
             self._refuse(kind, f"its program did not compile: {type(err).__name__}: {err}")
             return
-        if self.marker is not None:
-            cache.store(MARKER, self.marker, "compiled")
         return_freed_memory()  # (what XLA's compiler freed; glibc keeps it otherwise)
 
     # ---- running a kind's program ------------------------------------------------------
@@ -746,18 +770,20 @@ class IterationRunner:
         if outputs != kind.outputs:
             key = next(k for k, ours, theirs in zip(self.plan.written, outputs, kind.outputs)
                        if ours != theirs)
+            if self.marker is not None:
+                cache.store(MARKER, self.marker, DIFFERENT)
             self._refuse(kind, f"its program left other points of output {key[1]} of op {key[0]} than "
                                f"iteration {c} did")
             return
-        same = _equal if self.exact else _close
-        for key, theirs, ours in zip(self.plan.written, out, now):
-            for a, b in zip(theirs, ours):
-                if not same(self.backend.to_host(a), self.backend.to_host(b)):
-                    how = "in their last bits (LoopPolicy(capture=True) allows it)" if self.exact else ""
-                    self._refuse(kind, f"its program's values of output {key[1]} of op {key[0]} differ from "
-                                       f"iteration {c}'s {how}".rstrip())
-                    return
-        kind.verified = True
+        outcome, key = _compared(self.plan.written, out, now, self.backend.to_host)
+        if self.marker is not None:
+            cache.store(MARKER, self.marker, outcome)
+        if outcome == EXACT or outcome == CLOSE and not self.exact:
+            kind.verified = True
+            return
+        how = " in their last bits (LoopPolicy(capture=True) allows it)" if outcome == CLOSE else ""
+        self._refuse(kind, f"its program's values of output {key[1]} of op {key[0]} differ from "  # type: ignore[index]
+                           f"iteration {c}'s{how}")
 
     def _replay(self, kind: _Kind, c: int) -> bool:
         """Iteration ``c`` as the kind's program; False where the stores do not hold what it
@@ -914,6 +940,23 @@ def _count(stats: MemoryStats, counts: tuple) -> None:
 
 def _byte_counters(stats: MemoryStats) -> tuple[Bytes, ...]:
     return stats.device, stats.host, stats.split, stats.over_dims
+
+
+def _compared(keys: tuple[Key, ...], theirs: list, ours: list,
+              to_host: Callable[[Any], np.ndarray]) -> tuple[str, Key | None]:
+    """How a program's outputs compare with the interpreted iteration's: ``EXACT``,
+    ``CLOSE`` (up to rounding) or ``DIFFERENT``, and the first store where they are not equal."""
+    outcome, first = EXACT, None
+    for key, programs, interpreted in zip(keys, theirs, ours):
+        for a, b in zip(programs, interpreted):
+            a, b = to_host(a), to_host(b)
+            if _equal(a, b):
+                continue
+            first = first or key
+            if not _close(a, b):
+                return DIFFERENT, key
+            outcome = CLOSE
+    return outcome, first
 
 
 def _empty(structure: Hashable) -> bool:

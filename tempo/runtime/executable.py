@@ -32,13 +32,12 @@ from tempo.runtime.blocks import (
     whole_buffers,
 )
 from tempo.runtime.capture import (
-    CPU_FRESH_ITERATIONS,
     STATEMENT,
     IterationPlan,
     IterationRun,
     IterationRunner,
-    compiled_before,
     iteration_source,
+    not_worth_capturing,
     plan_iterations,
     program_key,
     replace_loop,
@@ -203,12 +202,8 @@ class Executable:
         if isinstance(found, str):
             return found
         marker = program_key(iteration_source(found.loop), self.graph, self.backend)  # type: ignore[arg-type]
-        iterations = found.stop - int(found.loop.start.value)
-        if self.loops.capture is None and self.backend.on_cpu and iterations < CPU_FRESH_ITERATIONS \
-                and not compiled_before(marker):
-            return (f"{iterations} iterations, fewer than the {CPU_FRESH_ITERATIONS} a CPU needs to pay "
-                    f"for a first compile (LoopPolicy(capture=True) captures them)")
-        return found, marker
+        why = not_worth_capturing(found, marker, self.loops.capture, self.backend.on_cpu)
+        return why if why is not None else (found, marker)
 
     def run(self, origin: dict[Symbol, int] | None = None,
             profile: RunProfile | None = None) -> Results:

@@ -19,6 +19,13 @@ I, T = 9, 6
 
 
 @pytest.fixture(autouse=True)
+def own_cache(monkeypatch, tmp_path):
+    """The compile cache of each test its own: what one test's captured programs noted
+    there (``capture.checked_before``) must not decide what another's default does."""
+    monkeypatch.setattr(tempo_cache, "_chosen", tmp_path / "cache")
+
+
+@pytest.fixture(autouse=True)
 def programs_ready(monkeypatch):
     """Each kind's program compiled before the next iteration of the kind runs: which
     iterations run as programs does not depend on the machine's speed."""
@@ -150,18 +157,23 @@ def test_by_default_only_programs_equal_to_the_bit_run(monkeypatch):
     np.testing.assert_array_equal(values, plain)
 
 
-def test_by_default_a_cpu_captures_short_loops_once_compiled_before(monkeypatch, tmp_path):
+def test_by_default_a_cpu_captures_short_loops_once_checked_before():
     """On a CPU the default captures a loop shorter than ``CPU_FRESH_ITERATIONS`` only
-    where the compile cache notes its programs were compiled before."""
-    monkeypatch.setattr(tempo_cache, "_chosen", tmp_path)
+    where the compile cache notes that its programs were compiled and matched the
+    interpreted iterations bit for bit before; where they matched only up to rounding, it
+    does not try them again."""
     exe, _, _ = _run(capture_mode=None)
     assert exe._runner is None and "fewer than" in exe.iteration_report
-    exe, _, _ = _run(capture_mode=True)  # compiles them, and notes it
+    exe, _, _ = _run(capture_mode=True)  # compiles them, checks them and notes how they compared
     assert exe._runner.report.captured > 0
     exe, values, _ = _run(capture_mode=None)
     assert exe._runner is not None and exe._runner.report.captured > 0, exe.iteration_report
     _, plain, _ = _run(capture_mode=False)
     np.testing.assert_array_equal(values, plain)
+    tempo_cache.store(capture.MARKER, exe._runner.marker, capture.CLOSE)  # (as n-step's would be)
+    exe, _, _ = _run(capture_mode=None)
+    assert exe._runner is None and "last bits" in exe.iteration_report
+    assert _run(capture_mode=True)[0]._runner.report.captured > 0
 
 
 def test_a_host_op_at_every_iteration_keeps_the_loop_interpreted():
