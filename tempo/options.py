@@ -100,7 +100,8 @@ class LoopPolicy:
     gymnasium's CartPole at 8 envs x 64 steps (the default training run) about 10% faster
     late, but a run's first results come an iteration later (at the paper's size a first
     iteration's metrics 0.5 s later), and an interrupt drops the last iteration's queued
-    sinks."""
+    sinks. Wherever iterations are captured (``capture``) they are late on a CPU too: a
+    captured iteration queues its late sinks with the values its program computed."""
 
     capture: bool | None = None
     """On the JAX backend (one device, ``mode`` lowered), run each steady iteration of the
