@@ -16,3 +16,16 @@ BACKENDS = ("numpy", "jax")
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
     return request.param
+
+
+@pytest.fixture
+def captures_checked_alone(monkeypatch, tmp_path):
+    """For tests of captured iterations (``tempo.runtime.capture``): a compile cache of the
+    test's own (what one test's programs noted there, ``capture.checked_before``, must not
+    decide what another's default does), and each kind's program compiled before the next
+    iteration of the kind runs (which iterations run as programs does not depend on the
+    machine's speed)."""
+    from tempo import cache
+    from tempo.runtime import capture
+    monkeypatch.setattr(cache, "_chosen", tmp_path / "cache")
+    monkeypatch.setattr(capture, "WAIT_FOR_PROGRAMS", True)

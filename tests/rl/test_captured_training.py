@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tempo import cache as tempo_cache
 from tempo.runtime import capture
 from tempo.runtime import executable as executable_module
 from tempo_rl.config import load_config as config
@@ -19,19 +18,7 @@ from tempo_rl.train import train
 SMALL = ("env=gymnax_cartpole", "env.num_envs=4", "algorithm.num_steps=16", "backend=jax",
          "checkpoint_every=0")
 
-
-@pytest.fixture(autouse=True)
-def own_cache(monkeypatch, tmp_path):
-    """The compile cache of each test its own: what one test's captured programs noted
-    there (``capture.checked_before``) must not decide what another's default does."""
-    monkeypatch.setattr(tempo_cache, "_chosen", tmp_path / "cache")
-
-
-@pytest.fixture(autouse=True)
-def programs_ready(monkeypatch):
-    """Programs compiled where traced: the iterations that run as programs are the same in
-    every run of a test, whatever the machine's speed."""
-    monkeypatch.setattr(capture, "WAIT_FOR_PROGRAMS", True)
+pytestmark = pytest.mark.usefixtures("captures_checked_alone")
 
 
 @pytest.fixture

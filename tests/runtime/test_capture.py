@@ -18,18 +18,7 @@ from tempo.runtime.stores import BlockStore, DeviceBuffers, MemoryStats, PointSt
 I, T = 9, 6
 
 
-@pytest.fixture(autouse=True)
-def own_cache(monkeypatch, tmp_path):
-    """The compile cache of each test its own: what one test's captured programs noted
-    there (``capture.checked_before``) must not decide what another's default does."""
-    monkeypatch.setattr(tempo_cache, "_chosen", tmp_path / "cache")
-
-
-@pytest.fixture(autouse=True)
-def programs_ready(monkeypatch):
-    """Each kind's program compiled before the next iteration of the kind runs: which
-    iterations run as programs does not depend on the machine's speed."""
-    monkeypatch.setattr(capture, "WAIT_FOR_PROGRAMS", True)
+pytestmark = pytest.mark.usefixtures("captures_checked_alone")
 
 
 def _program(log: list, host_step: bool = False):
@@ -111,22 +100,27 @@ def test_a_resumed_run_feeds_its_programs_the_moved_coordinates():
     assert not np.allclose(captured, unmoved)  # (the draws do depend on the origin)
 
 
+def _changed_programs(monkeypatch, change) -> None:
+    """Every kind's compiled program with ``change`` applied to its floating-point outputs."""
+    compiled = capture.IterationRunner._compiled
+
+    def changed(self, kind):
+        compiled(self, kind)
+        program = kind.program
+
+        def run(leaves, values):
+            out, early = program(leaves, values)
+            floats = [[change(x) if np.issubdtype(x.dtype, np.floating) else x for x in held] for held in out]
+            return floats, early
+        kind.program = run
+    monkeypatch.setattr(capture.IterationRunner, "_compiled", changed)
+
+
 def test_a_program_whose_values_differ_is_never_run(monkeypatch):
     """The first run of a kind's program is checked against the interpreted iteration; a
     program that computes something else is refused, and the run keeps the interpreter's
     values."""
-    original = capture.IterationRunner._compiled
-
-    def wrong(self, kind):
-        original(self, kind)
-        program = kind.program
-
-        def off_by_one(leaves, values):
-            out, early = program(leaves, values)
-            return [[x + 1 if np.issubdtype(x.dtype, np.floating) else x for x in held]
-                    for held in out], early
-        kind.program = off_by_one
-    monkeypatch.setattr(capture.IterationRunner, "_compiled", wrong)
+    _changed_programs(monkeypatch, lambda x: x + 1)
     exe, values, _ = _run()
     _, plain, _ = _run(capture_mode=False)
     assert exe._runner.report.captured == 0
@@ -139,18 +133,7 @@ def test_by_default_only_programs_equal_to_the_bit_run(monkeypatch):
     interpreted iteration bit for bit (a program that differs in its last bits is refused,
     and the run's values are the interpreter's)."""
     monkeypatch.setattr(capture, "CPU_FRESH_ITERATIONS", 0)  # (this loop is short)
-    original = capture.IterationRunner._compiled
-
-    def nudged(self, kind):
-        original(self, kind)
-        program = kind.program
-
-        def last_bit(leaves, values):
-            out, early = program(leaves, values)
-            return [[np.nextafter(x, np.inf).astype(x.dtype) if np.issubdtype(x.dtype, np.floating) else x
-                     for x in held] for held in out], early
-        kind.program = last_bit
-    monkeypatch.setattr(capture.IterationRunner, "_compiled", nudged)
+    _changed_programs(monkeypatch, lambda x: np.nextafter(x, np.inf).astype(x.dtype))
     exe, values, _ = _run(capture_mode=None)
     _, plain, _ = _run(capture_mode=False)
     assert exe._runner.report.captured == 0 and "last bits" in str(exe._runner.report)
