@@ -114,9 +114,11 @@ class LoopPolicy:
     where a kind's program matched the interpreted iteration bit for bit (so a run's
     results do not depend on which iterations ran as programs; PPO does, n-step and
     REINFORCE, whose varying-length sums XLA adds up otherwise than NumPy, do not), and on
-    a CPU only where the program was compiled on this machine before or the loop has at
-    least ``capture.CPU_FRESH_ITERATIONS`` iterations (the compile shares the run's
-    cores). True: wherever it can, up to rounding. False: never."""
+    a CPU only where the loop has at least ``capture.CPU_FRESH_ITERATIONS`` iterations, or
+    ``capture.CPU_CHECKED_ITERATIONS`` where its program was checked on this machine
+    before (the compile shares the run's cores; a program that differed from the
+    interpreted iteration there is not tried again). True: wherever it can, up to
+    rounding. False: never."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

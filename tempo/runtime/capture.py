@@ -44,6 +44,7 @@ says why."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
@@ -88,13 +89,20 @@ EXACT, CLOSE, DIFFERENT = "exact", "close", "different"
 """How a kind's program compared with the interpreted iteration: bit for bit, up to
 rounding, or otherwise."""
 CPU_FRESH_ITERATIONS = 3000
-"""On a CPU, a loop whose captured programs were not compiled before is captured by
-default (``LoopPolicy.capture`` None) only where it has at least this many iterations: the
-compile runs on the cores the iterations run on. PPO on gymnax at 8 envs x 64 steps on 2
-cores (2026-11-28): the program was ready 2.9 s after it was traced, the 370 iterations run
-meanwhile took about twice their time, and each later one saves about 1 ms (2.7-2.9 ms
-against 3.5-4.3): 2,000 iterations took 11.0 s captured from a fresh cache against about
-9 s not captured; loaded from the cache, the program was ready 0.2 s after it was traced."""
+"""On a CPU, a loop whose captured programs were not checked on this machine before is
+captured by default (``LoopPolicy.capture`` None) only where it has at least this many
+iterations: the compile runs on the cores the iterations run on. PPO on gymnax at 8 envs x
+64 steps on 2 cores (2026-11-28): the program was ready 2.6-2.9 s after it was traced, the
+325-370 iterations run meanwhile took about twice their time, and each later one saves
+about 1 ms (2.7-3.5 ms against 3.6-4.4): 2,000 iterations took 11.0 s captured from a
+fresh cache against about 9 s not captured."""
+CPU_CHECKED_ITERATIONS = 1000
+"""The same for a loop whose programs were checked (bit for bit) before, XLA's cache
+holding them: tracing still takes the main thread 0.2-0.5 s, and loading the program and
+checking its first run cost a few iterations more. The same PPO loaded its program 0.15-0.2
+s after tracing it; its time to a mean return of 475 (``benchmarks/ppo.py --time-to 475``,
+500 iterations at most, reached after 88-192) took 2.2-3.7 s captured against 1.9-2.5 s
+not."""
 
 Key = tuple[int, int]
 """A store: ``(op id, output)``."""
@@ -379,12 +387,38 @@ def _read_offset(phi: tuple, domain: tuple[Symbol, ...], dim: Symbol) -> int | s
 
 def program_key(source: str, graph: SDG, backend: JaxBackend) -> str:
     """What identifies a program's captured iterations in the compile cache (its loop
-    program, its ops' kinds and types, JAX and the device): ``checked_before`` then says how
-    they compared before, and that XLA's cache most likely holds their programs. It only
-    decides whether to capture (``Executable``), never what runs: every program is checked
-    at its first run."""
-    ops = "\n".join(f"{op.id} {op.kind} {op.domain} {op.outputs}" for op in graph.ops.values())
-    return f"{backend.jax.__version__}\n{backend.jax.default_backend()}\n{source}\n{ops}"
+    program, its ops with their types and params, constants and seeds included, JAX and the
+    device): ``checked_before`` then says how they compared before, and that XLA's cache
+    most likely holds their programs. It only decides whether to capture (``Executable``),
+    never what runs: every program is checked at its first run."""
+    digest = hashlib.sha256(f"{backend.jax.__version__}\n{backend.jax.default_backend()}\n{source}".encode())
+    for op in graph.ops.values():
+        digest.update(f"\n{op.id} {op.kind} {op.domain} {op.outputs} ".encode())
+        _fingerprint(op.params, digest)
+    return digest.hexdigest()
+
+
+def _fingerprint(value: Any, digest: Any) -> None:
+    """Add ``value`` (an op's params: arrays, expressions, nested containers) to ``digest``."""
+    if isinstance(value, dict):
+        for name in sorted(value, key=str):
+            digest.update(f"{name}=".encode())
+            _fingerprint(value[name], digest)
+    elif isinstance(value, (list, tuple)):
+        digest.update(b"(")
+        for item in value:
+            _fingerprint(item, digest)
+        digest.update(b")")
+    elif isinstance(value, np.ndarray):
+        digest.update(f"{value.dtype}{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    elif callable(value):  # (a UDF's function: by name, its address changes from run to run)
+        function = getattr(value, "__func__", value)
+        name = f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', '')}"
+        digest.update(f"{name};".encode())
+    else:
+        text = repr(value)
+        digest.update(f"{type(value).__name__}:{text if ' at 0x' not in text else ''};".encode())
 
 
 def checked_before(key: str) -> str | None:
@@ -402,16 +436,18 @@ def not_worth_capturing(plan: IterationPlan, key: str, mode: bool | None, on_cpu
     where it was checked on this machine before (by default, also one that differed in its
     last bits only), and by default on a CPU a loop of fewer than ``CPU_FRESH_ITERATIONS``
     iterations whose program was never checked here (compiling it would share the run's
-    cores)."""
+    cores) or of fewer than ``CPU_CHECKED_ITERATIONS`` whose program was."""
     before = checked_before(key)
     if before == DIFFERENT or before == CLOSE and mode is None:
         how = " in their last bits (LoopPolicy(capture=True) runs them)" if before == CLOSE else ""
         return (f"its programs' values differed from the interpreted iterations'{how} where they were "
                 f"checked on this machine before")
     iterations = plan.stop - int(plan.loop.start.value)
-    if mode is None and on_cpu and before is None and iterations < CPU_FRESH_ITERATIONS:
-        return (f"{iterations} iterations, fewer than the {CPU_FRESH_ITERATIONS} a CPU needs to pay for a "
-                f"first compile (LoopPolicy(capture=True) captures them)")
+    needed = CPU_FRESH_ITERATIONS if before is None else CPU_CHECKED_ITERATIONS
+    if mode is None and on_cpu and iterations < needed:
+        why = "a first compile" if before is None else "tracing and loading its program"
+        return (f"{iterations} iterations, fewer than the {needed} a CPU needs to pay for {why} "
+                f"(LoopPolicy(capture=True) captures them)")
     return None
 
 

@@ -140,11 +140,12 @@ def test_by_default_only_programs_equal_to_the_bit_run(monkeypatch):
     np.testing.assert_array_equal(values, plain)
 
 
-def test_by_default_a_cpu_captures_short_loops_once_checked_before():
+def test_by_default_a_cpu_captures_short_loops_once_checked_before(monkeypatch):
     """On a CPU the default captures a loop shorter than ``CPU_FRESH_ITERATIONS`` only
     where the compile cache notes that its programs were compiled and matched the
-    interpreted iterations bit for bit before; where they matched only up to rounding, it
-    does not try them again."""
+    interpreted iterations bit for bit before (and the loop has ``CPU_CHECKED_ITERATIONS``
+    iterations); where they matched only up to rounding, it does not try them again."""
+    monkeypatch.setattr(capture, "CPU_CHECKED_ITERATIONS", I)
     exe, _, _ = _run(capture_mode=None)
     assert exe._runner is None and "fewer than" in exe.iteration_report
     exe, _, _ = _run(capture_mode=True)  # compiles them, checks them and notes how they compared
@@ -153,6 +154,8 @@ def test_by_default_a_cpu_captures_short_loops_once_checked_before():
     assert exe._runner is not None and exe._runner.report.captured > 0, exe.iteration_report
     _, plain, _ = _run(capture_mode=False)
     np.testing.assert_array_equal(values, plain)
+    monkeypatch.setattr(capture, "CPU_CHECKED_ITERATIONS", I + 1)
+    assert "tracing and loading" in _run(capture_mode=None)[0].iteration_report
     tempo_cache.store(capture.MARKER, exe._runner.marker, capture.CLOSE)  # (as n-step's would be)
     exe, _, _ = _run(capture_mode=None)
     assert exe._runner is None and "last bits" in exe.iteration_report
