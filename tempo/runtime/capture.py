@@ -10,36 +10,42 @@ device's, and on an accelerator it is most of an iteration. Here each iteration 
 same *kind* runs as one program instead.
 
 **Kinds.** The loop's body runs the same statements at every iteration, moved along the
-loop's dim (every statement's point holds ``c0 + k`` there and ``c0`` nowhere else),
-except where a guard, a loop bound or a merge's branch condition depends on the
-iteration (``c0 == 0``, ``i >= 1``): the values of those at ``c0`` are its kind
-(``IterationPlan.key``). Iterations of one kind read and write the same points relative
+loop's dim (a statement's point holds ``c0 + k`` there, or a select between such, and
+``c0`` nowhere else; a statement outside the dim holds no ``c0``), except where a guard,
+an inner loop's start or a branch condition depends on the iteration (``c0 == 0``,
+``i >= 1``): the values of those at ``c0`` are its kind (``IterationPlan.key``); a guard
+mixing ``c0`` with the counters of inner loops of constant ranges adds its values over
+those ranges (``_Grid``). Iterations of one kind read and write the same points relative
 to their own, so one program, traced once, serves them all: it takes the values the
 iteration reads from the stores (the points within ``low .. high`` iterations of it, and
 whatever the stores of ops outside the loop's dim hold) and the values of its point ops
 (computed on the host, their coordinates moved), and returns the values the stores hold
-after it, in that window.
+after it, in that window, and those its late sinks read.
 
-**How a kind is captured.** Its first iteration runs statement by statement, recording
-which point ops it runs where. Its next is then *traced* (``jax.jit``): the loop body's
-own Python runs on fresh stores holding the traced values, with point ops fed from the
-program's arguments and the late sinks recorded instead of queued; lowered loops call
-their scans' jitted functions, block kernels theirs, so the program holds every scan and
-kernel of the iteration. It compiles on a background thread while later iterations run
-statement by statement. Its first run is checked: it runs beside the interpreted
-iteration on the same values, and both must leave the same points in the stores, with
-values equal up to floating-point rounding (XLA fuses across the whole iteration), or
-the kind is interpreted from then on (``IterationReport``). From then on an iteration of
-the kind exports its stores' window (whose structure must be the one the program was
-traced for, else it runs interpreted), runs the program, puts its outputs back and
-queues its late sinks with the values it computed for them; the stores' memory counts
-move as the traced iteration's did.
+**How a kind is captured.** Its first iteration in a run runs statement by statement,
+recording which point ops it runs where. Its next is then *traced* (``jax.jit``): the
+loop body's own Python runs on fresh stores holding the traced values, with point ops fed
+from the program's arguments and the late sinks recorded instead of queued; lowered loops
+call their scans' jitted functions, block kernels theirs, so the program holds every scan
+and kernel of the iteration. It compiles on a background thread while later iterations
+run statement by statement. Its first run is checked: it runs beside the interpreted
+iteration on the same values, and both must leave the same points in the stores and hand
+the late sinks the same values, bit for bit by default (``IterationRunner.exact``), or the
+kind is interpreted from then on (``IterationReport``); how it compared is noted in the
+compile cache (``checked_before``). From then on an iteration of the kind exports its
+stores' window (whose structure and shapes must be the ones the program was traced for,
+else it runs interpreted) or takes the outputs of the program before, runs the program,
+puts its outputs back and queues its late sinks with the values it computed for them; the
+stores' memory counts move as the traced iteration's did. Nothing is donated: a
+program's inputs are held until its outputs replace them.
 
-**What is not captured.** A body holding a host op other than point ops and late sinks
-(a host env's step, ``tp.stop_when``), a loop lowered in spans, a read along the loop's
-dim that is not a point moved by a constant, params that depend on it, guards or branch
-conditions that mix it with other counters, host block buffers, stores split over
-devices or swapped to the host: the loop then runs as before, and ``IterationReport``
+**What is not captured.** A body holding a host op other than point ops and late sinks in
+its steady iterations (a host env's step, ``tp.stop_when``), a loop lowered in spans, a
+read along the loop's dim that is not a point moved by a constant (or the dim in another
+entry of a read), params or shapes that depend on it, inner loop bounds that depend on
+it, branch conditions or guards that mix it with other dims or counters (but those of
+``_Grid``), host block buffers holding points from one iteration to the next, stores split
+over devices or swapped to the host: the loop then runs as before, and ``IterationReport``
 says why."""
 
 from __future__ import annotations
@@ -88,14 +94,19 @@ with its interpreted ones where they were checked on this machine (``checked_bef
 EXACT, CLOSE, DIFFERENT = "exact", "close", "different"
 """How a kind's program compared with the interpreted iteration: bit for bit, up to
 rounding, or otherwise."""
-CPU_FRESH_ITERATIONS = 3000
+OUTCOMES = (EXACT, CLOSE, DIFFERENT)
+"""Those outcomes, the worst last: a program's note is its kinds' worst."""
+LATE: Key = (-1, -1)
+"""Stands for the late sinks' inputs where a check names what differed."""
+CPU_FRESH_ITERATIONS = 4000
 """On a CPU, a loop whose captured programs were not checked on this machine before is
 captured by default (``LoopPolicy.capture`` None) only where it has at least this many
 iterations: the compile runs on the cores the iterations run on. PPO on gymnax at 8 envs x
 64 steps on 2 cores (2026-11-28): the program was ready 2.6-2.9 s after it was traced, the
 325-370 iterations run meanwhile took about twice their time, and each later one saves
 about 1 ms (2.7-3.5 ms against 3.6-4.4): 2,000 iterations took 11.0 s captured from a
-fresh cache against about 9 s not captured."""
+fresh cache against 9.1 s interpreted with a warm one, so a first compile pays for itself
+after about 4,000."""
 CPU_CHECKED_ITERATIONS = 1000
 """The same for a loop whose programs were checked (bit for bit) before, XLA's cache
 holding them: tracing still takes the main thread 0.2-0.5 s, and loading the program and
@@ -203,8 +214,9 @@ def plan_iterations(root: ast.Node, statements: dict[str, Statement], graph: SDG
             moved = _read_offset(edge.phi, edge.src.domain, dim)
             if isinstance(moved, str):
                 return f"{op.name} reads {edge.src.name} {moved}"
-            if moved is not None:
+            if moved is not None:  # (a read of the point before, or after: the window holds it)
                 low = min(low, min(offsets.get(op_id, {0})) + moved)
+                high = max(high, max(offsets.get(op_id, {0})) + moved)
             for atom in _atoms(edge.cond.substitute(bounds)):
                 if dim in atom.symbols():
                     if atom.symbols() != {dim}:
@@ -365,24 +377,27 @@ def _refusal(op: Op, dim: Symbol) -> str | None:
     """Why ``op`` keeps its iteration from being captured, or None."""
     if not op.definition.host and dim in param_symbols(op.params):  # (host ops run on the host)
         return f"{op.name}'s params depend on {dim.name}"
+    if any(dim in d.symbols() for t in op.outputs for d in t.shape):
+        return f"{op.name}'s shape depends on {dim.name}"
     return None
 
 
 def _read_offset(phi: tuple, domain: tuple[Symbol, ...], dim: Symbol) -> int | str | None:
-    """How far back along ``dim`` a read reaches (``i - 1``: -1), None where the source
-    is outside ``dim``; a string where the read does not move with the iteration."""
+    """How far along ``dim`` a read reaches (``i - 1``: -1), None where the source is
+    outside ``dim``; a string where the read does not move with the iteration (a slice
+    along ``dim``, or ``dim`` in another entry: ``x[i, t + i]``, ``x[i, 0:i]``)."""
+    offset = None
     for k, entry in enumerate(phi):
-        mentions = dim in entry.symbols()
         if k < len(domain) and domain[k] is dim:
             if isinstance(entry, Slice):
                 return f"through a slice along {dim.name}"
             form = linear_form(entry)
             if form is None or form[0] != {dim: 1}:
                 return f"at {entry}, not {dim.name} moved by a constant"
-            return form[1]
-        if mentions:
+            offset = form[1]
+        elif dim in entry.symbols():
             return f"at {entry} along another dim"
-    return None
+    return offset
 
 
 def program_key(source: str, graph: SDG, backend: JaxBackend) -> str:
@@ -427,7 +442,7 @@ def checked_before(key: str) -> str | None:
     ``DIFFERENT``; their program was compiled then, and XLA's cache likely holds it), or
     None."""
     found = cache.load(MARKER, key)
-    return found if found in (EXACT, CLOSE, DIFFERENT) else None
+    return found if found in OUTCOMES else None
 
 
 def not_worth_capturing(plan: IterationPlan, key: str, mode: bool | None, on_cpu: bool) -> str | None:
@@ -438,7 +453,7 @@ def not_worth_capturing(plan: IterationPlan, key: str, mode: bool | None, on_cpu
     iterations whose program was never checked here (compiling it would share the run's
     cores) or of fewer than ``CPU_CHECKED_ITERATIONS`` whose program was."""
     before = checked_before(key)
-    if before == DIFFERENT or before == CLOSE and mode is None:
+    if mode is None and before in (CLOSE, DIFFERENT):
         how = " in their last bits (LoopPolicy(capture=True) runs them)" if before == CLOSE else ""
         return (f"its programs' values differed from the interpreted iterations'{how} where they were "
                 f"checked on this machine before")
@@ -481,14 +496,14 @@ class IterationReport:
 
     captured: int = 0
     interpreted: int = 0
-    kinds: int = 0
+    programs: int = 0
     compile_seconds: float = 0.0
     refused: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         why = "".join(f"; not captured: {r}" for r in dict.fromkeys(self.refused))
         return (f"iterations: {self.captured} as one program each, {self.interpreted} statement by statement "
-                f"({self.kinds} programs, ready {self.compile_seconds:.2f} s after they were traced){why}")
+                f"({self.programs} programs, compiled in {self.compile_seconds:.2f} s){why}")
 
 
 @dataclass
@@ -497,9 +512,12 @@ class _Kind:
 
     calls: list | None = None
     """The point ops it ran, in order: ``(statement, coordinates relative to it, count)``."""
+    recorded: int = -1
+    """The run (``IterationRunner.runs``) whose iteration recorded them."""
     compiling: Future | None = None
     since: float = 0.0
-    """When its program began compiling."""
+    ready: float = 0.0
+    """When its program began compiling, and when the compile ended."""
     program: Callable | None = None
     inputs: Hashable = None
     """The structure of the stores' window the program takes."""
@@ -531,8 +549,9 @@ class _Last:
 
 def _links(leaves: list, out: list, plan: IterationPlan) -> list | None:
     """Where each of an iteration's inputs ``leaves`` comes from: which output of the
-    iteration before (``out``) it is, or, in a store the iteration only reads, that value
-    itself; None where an input is neither (then every iteration reads its stores)."""
+    iteration before (``out``) it is, or, in a store outside the loop's dim that the
+    iteration only reads (the same points at every iteration), that value itself; None
+    where an input is neither (then every iteration reads its stores)."""
     made = {id(value): (s, j) for s, held in enumerate(out) for j, value in enumerate(held)}
     written = set(plan.written)
     links = []
@@ -541,7 +560,7 @@ def _links(leaves: list, out: list, plan: IterationPlan) -> list | None:
         for value in held:
             source = made.get(id(value))
             if source is None:
-                if key in written:
+                if key in written or plan.at[key] is not None:
                     return None
                 source = (-1, value)
             row.append(source)
@@ -558,7 +577,7 @@ class IterationRun:
     """Its statements (late ones queued on its late queue)."""
     batched: dict[str, Callable]
     """Its batched point ops (``executable._batched_point_ops``)."""
-    values: dict[str, tuple[Callable, Callable | None]]
+    values: dict[str, tuple[Callable, Callable]]
     """Per point-op statement of the loop, its value at a point and (where the op has a
     batched form) its values at coordinate arrays, as the run's host ops see them."""
     stats: MemoryStats
@@ -588,11 +607,14 @@ class IterationRunner:
         self.namespace: dict[str, Callable] = {}
         self.last: _Last | None = None
         """The iteration before, where it ran as a program."""
+        self.runs = 0
+        """The runs bound so far."""
 
     def bind(self, namespace: dict[str, Callable], run: IterationRun | None) -> None:
         """Run with a run's statements; ``run`` None: statement by statement only (a
         profiled run, or one without late sinks)."""
         self.namespace, self.run, self.last = namespace, run, None
+        self.runs += run is not None
 
     def __call__(self, point: tuple[int, ...]) -> None:
         c = point[0]
@@ -610,8 +632,11 @@ class IterationRunner:
             self._interpret(c)
         elif kind.program is not None:
             self._verify(kind, c)
-        elif kind.calls is None:
-            kind.calls = self._recorded(c)
+        elif kind.compiling is None and kind.recorded == self.runs:  # (its second iteration in the run)
+            self._capture(kind, c)
+            self._interpret(c)
+        elif kind.compiling is None:  # (a kind's first iteration in a run: one kind runs once a run)
+            kind.calls, kind.recorded = self._recorded(c), self.runs
             if c + 1 < self.plan.stop and self.plan.key(c + 1) == self.plan.key(c):
                 self._capture(kind, c + 1)
         else:
@@ -666,7 +691,6 @@ class IterationRunner:
             if kind == "point":
                 out.append(np.asarray(point(_moved(where, at, c))))
             else:
-                assert rows is not None
                 out.append(np.asarray(rows(_moved_coords(where, at, c), count)))
         return out
 
@@ -694,13 +718,14 @@ class IterationRunner:
             self._rebind_loops()
         kind.inputs, kind.outputs = inputs, traced["outputs"]
         before = dict(zip(self.plan.at, inputs))
-        kind.moved = [(n, key, before[key], after)
+        kind.moved = [(n, key, before[key][0], after[0])
                       for n, (key, after) in enumerate(zip(self.plan.written, kind.outputs))
-                      if not (_empty(before[key]) and _empty(after))]
+                      if not (_empty(before[key][0]) and _empty(after[0]))]
         kind.late, kind.counts = traced["late"], traced["counts"]
-        self.report.kinds += 1
+        self.report.programs += 1
         kind.since = time.perf_counter()
         kind.compiling = self.backend.compile_lowered_in_background(lowered)
+        kind.compiling.add_done_callback(lambda _: setattr(kind, "ready", time.perf_counter()))
         if WAIT_FOR_PROGRAMS:
             kind.compiling.exception()
 
@@ -712,7 +737,7 @@ class IterationRunner:
         stats = MemoryStats()
         stores = run.make_stores(stats)
         hosts = _on_device(stores, backend)
-        for key, structure, held in zip(plan.at, inputs, leaves):  # type: ignore[call-overload]
+        for key, (structure, _), held in zip(plan.at, inputs, leaves):  # type: ignore[call-overload]
             _checked(key, stores[key])
             stores[key].set_state(structure, held, _placer(plan.at[key], c))
         feed = _Feed(kind.calls or [], values, c, plan.points)
@@ -754,7 +779,7 @@ class IterationRunner:
         """Take the kind's program, once compiled (a compile that failed refuses it)."""
         future, kind.compiling = kind.compiling, None
         assert future is not None
-        self.report.compile_seconds += time.perf_counter() - kind.since
+        self.report.compile_seconds += kind.ready - kind.since
         try:
             kind.program = future.result()
         except Exception as err:
@@ -779,14 +804,17 @@ class IterationRunner:
             if held and (key in hosts or isinstance(store, BlockStore) and not store.buffers.on_device):
                 raise Uncapturable(f"output {key[1]} of op {key[0]}, in host buffers, holds values "
                                    f"from one iteration to the next")
-            structures.append(structure)
+            structures.append((structure, tuple((np.shape(v), np.dtype(v.dtype).str) for v in held)))
             values.append(held)
         return tuple(structures), values
 
     def _run_program(self, kind: _Kind, c: int) -> tuple[list, list] | None:
         """The program's outputs at iteration ``c`` (None: the stores do not hold what it
         takes there)."""
-        inputs, leaves = self._window(self.plan.at, c)
+        try:
+            inputs, leaves = self._window(self.plan.at, c)
+        except Uncapturable:  # (host buffers holding rows another kind of iteration left)
+            return None
         if inputs != kind.inputs:
             return None
         assert kind.program is not None
@@ -794,37 +822,65 @@ class IterationRunner:
 
     def _verify(self, kind: _Kind, c: int) -> None:
         """The kind's first program run, beside the interpreted iteration (which the run
-        keeps): both must leave the same points, with values equal up to rounding."""
+        keeps): both must leave the same points in the stores and hand the late sinks the
+        same values, bit for bit (``exact``) or up to rounding."""
         result = self._run_program(kind, c)
         if result is None:
             self._interpret(c)
             return
-        out, _ = result
-        self.backend.synchronize(out)
-        self._interpret(c)
+        out, early = result
+        self.backend.synchronize((out, early))
+        given = self._interpret_noting_late_inputs(c)
         outputs, now = self._window(self.plan.written, c)
         if outputs != kind.outputs:
             key = next(k for k, ours, theirs in zip(self.plan.written, outputs, kind.outputs)
                        if ours != theirs)
-            if self.marker is not None:
-                cache.store(MARKER, self.marker, DIFFERENT)
-            self._refuse(kind, f"its program left other points of output {key[1]} of op {key[0]} than "
-                               f"iteration {c} did")
+            self._checked(kind, DIFFERENT, f"its program left other points of output {key[1]} of op {key[0]} "
+                                           f"than iteration {c} did")
             return
-        outcome, key = _compared(self.plan.written, out, now, self.backend.to_host)
+        outcome, key = _compared([*self.plan.written, LATE], [*out, early], [*now, given],
+                                 self.backend.to_host)
+        what = "the late sinks' inputs" if key == LATE else f"output {key[1]} of op {key[0]}" if key else ""
+        how = " in their last bits (LoopPolicy(capture=True) allows it)" if outcome == CLOSE else ""
+        self._checked(kind, outcome, f"its program's values of {what} differ from iteration {c}'s{how}")
+
+    def _interpret_noting_late_inputs(self, c: int) -> list:
+        """Run iteration ``c`` statement by statement; returns the inputs its late host ops
+        were given, in order (as a program's ``early``)."""
+        run = self.run
+        assert run is not None
+        given: list = []
+        saved = {name: run.namespace[name] for name, _ in self.plan.late.items()
+                 if hasattr(run.namespace[name], "early_of")}
+
+        def noting(launch: Callable) -> Callable:
+            def noted(point: tuple[int, ...]) -> None:
+                given.extend(v for v in launch.early_of(point) if v is not None)
+                launch(point)
+            return noted
+        run.namespace.update({name: noting(launch) for name, launch in saved.items()})
+        try:
+            self._interpret(c)
+        finally:
+            run.namespace.update(saved)
+        return given
+
+    def _checked(self, kind: _Kind, outcome: str, why: str) -> None:
+        """Take the outcome of a kind's check: run it from now on, or refuse it; note the
+        program's worst outcome in the compile cache."""
         if self.marker is not None:
-            cache.store(MARKER, self.marker, outcome)
+            noted = checked_before(self.marker)
+            if noted is None or OUTCOMES.index(outcome) > OUTCOMES.index(noted):
+                cache.store(MARKER, self.marker, outcome)
         if outcome == EXACT or outcome == CLOSE and not self.exact:
             kind.verified = True
-            return
-        how = " in their last bits (LoopPolicy(capture=True) allows it)" if outcome == CLOSE else ""
-        self._refuse(kind, f"its program's values of output {key[1]} of op {key[0]} differ from "  # type: ignore[index]
-                           f"iteration {c}'s{how}")
+        else:
+            self._refuse(kind, why)
 
     def _replay(self, kind: _Kind, c: int) -> bool:
         """Iteration ``c`` as the kind's program; False where the stores do not hold what it
         takes. Where the iteration before ran as the same kind's program, its outputs are
-        this one's inputs (``_Kind.links``), without reading the stores' window back."""
+        this one's inputs (``_Last.links``), without reading the stores' window back."""
         run, plan, last = self.run, self.plan, self.last
         assert run is not None
         follows = last is not None and last.kind is kind and last.c + 1 == c
@@ -832,7 +888,10 @@ class IterationRunner:
             links = last.links  # type: ignore[union-attr]
             leaves = [[last.out[s][j] if s >= 0 else j for s, j in row] for row in links]  # type: ignore[union-attr]
         else:
-            inputs, leaves = self._window(plan.at, c)
+            try:
+                inputs, leaves = self._window(plan.at, c)
+            except Uncapturable:  # (host buffers holding rows another kind of iteration left)
+                return False
             if inputs != kind.inputs:
                 return False
             links = _links(leaves, last.out, plan) if follows else None  # type: ignore[union-attr]
@@ -868,7 +927,8 @@ class _Feed:
         if self.n >= len(self.calls):
             raise Uncapturable("its point ops ran more often than in the iteration before")
         recorded, named, at, _ = self.calls[self.n]
-        same = at == where if kind == "point" else all(np.array_equal(a, b) for a, b in zip(at, where))
+        same = at == where if kind == "point" else len(at) == len(where) and all(
+            np.array_equal(a, b) for a, b in zip(at, where))
         if (recorded, named) != (kind, name) or not same:
             raise Uncapturable("its point ops ran otherwise than in the iteration before")
         value = self.values[self.n]
@@ -978,12 +1038,14 @@ def _byte_counters(stats: MemoryStats) -> tuple[Bytes, ...]:
     return stats.device, stats.host, stats.split, stats.over_dims
 
 
-def _compared(keys: tuple[Key, ...], theirs: list, ours: list,
+def _compared(keys: list[Key], theirs: list, ours: list,
               to_host: Callable[[Any], np.ndarray]) -> tuple[str, Key | None]:
     """How a program's outputs compare with the interpreted iteration's: ``EXACT``,
     ``CLOSE`` (up to rounding) or ``DIFFERENT``, and the first store where they are not equal."""
     outcome, first = EXACT, None
     for key, programs, interpreted in zip(keys, theirs, ours):
+        if len(programs) != len(interpreted):
+            return DIFFERENT, key
         for a, b in zip(programs, interpreted):
             a, b = to_host(a), to_host(b)
             if _equal(a, b):

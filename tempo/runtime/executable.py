@@ -242,7 +242,7 @@ class Executable:
         recording = self.xla.recording() if self.backend.name == "jax" else contextlib.nullcontext()
         try:
             self._bind_loops(stores, namespace, batched, profile)
-            self._bind_iterations(stores, namespace, batched, shift, lag if profile is None else None)
+            self._bind_iterations(stores, namespace, batched, shift, profile is not None)
             with recording:
                 self._program(namespace)
                 if lag is not None:
@@ -290,22 +290,20 @@ class Executable:
             namespace[name] = launch if profile is None else profile.instrument_loop(name, launch)
 
     def _bind_iterations(self, stores: dict, namespace: dict[str, Callable], batched: dict[str, Callable],
-                         shift: dict[Symbol, int], lag: Lag | None) -> None:
+                         shift: dict[Symbol, int], profile_run: bool) -> None:
         """The captured loop's iterations (statement ``I0``) bound to this run: as one
-        program each where their kind allows it, with the run's late queue (``lag``); without
-        one (a profiled run), statement by statement."""
+        program each where their kind allows it; in a profiled run (which times each
+        statement), statement by statement."""
         runner, plan = self._runner, self.iterations
         if runner is None or plan is None:
             return
         namespace[STATEMENT] = runner
-        if lag is None:
+        if profile_run:
             runner.bind(namespace, None)
             return
         statements = self.schedule.statements
-        values = {name: (_point_value(statements[name].op, self.bounds, shift),
-                         _rows_value(statements[name].op, self.bounds, shift)
-                         if statements[name].op.definition.batched is not None else None)
-                  for name in plan.points}
+        values = {name: (_point_value(statements[name].op, self.bounds, shift),  # (point ops are batched)
+                         _rows_value(statements[name].op, self.bounds, shift)) for name in plan.points}
 
         def make_stores(stats: MemoryStats) -> dict:
             return _make_stores(self.graph, self.bounds, self.ctx.bound_of, self.backend, stats, self.swapped,

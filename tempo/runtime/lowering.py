@@ -872,7 +872,9 @@ class LoopLauncher:
         if self.backend.capturing:  # traced into an iteration's program (``tempo.runtime.capture``)
             if fn is None or span is not None:
                 raise Uncapturable(f"loop {self.choice.name} has no scan for this entry yet")
-            fn = self.jitted.get(signature) or self.jitted.setdefault(signature, self._jitted(plan, None))
+            if signature not in self.jitted:
+                self.jitted[signature] = self._jitted(plan, None)
+            fn = self.jitted[signature]
         elif fn is None:  # (a traced plan's outputs fit: their size is part of its signature)
             stacked = self._stacked_bytes(plan) / 2**20
             if stacked > self.max_stacked_mb:

@@ -971,7 +971,7 @@ class BlockStore:
         """Release the buffer of ``prefix`` once each row was written and freed."""
         if not self.live[prefix] and len(self.produced[prefix]) == self.length:
             self.bytes.now -= self.blocks[prefix].nbytes
-            del self.blocks[prefix], self.live[prefix], self.produced[prefix]
+            self._forget(prefix)
 
     # ---- a captured iteration's state (``tempo.runtime.capture``) --------------------------
     def state(self, relative: Relative) -> tuple[Hashable, list]:
@@ -993,6 +993,7 @@ class BlockStore:
         return None
 
     def _forget(self, prefix: tuple[int, ...]) -> None:
+        """Drop the buffer of ``prefix`` and what the store keeps of it (not counted)."""
         del self.blocks[prefix], self.live[prefix], self.produced[prefix]
 
     def forget_state(self, structure: Hashable, place: Callable[[tuple], tuple]) -> None:
@@ -1162,18 +1163,13 @@ class WindowStore(BlockStore):
         points = max(0, last.stop - last.start) + put
         return (block, 0, capacity) if points == capacity or last.start % capacity == 0 else None
 
-    def _release_if_done(self, prefix: tuple[int, ...]) -> None:
-        super()._release_if_done(prefix)
-        if prefix not in self.blocks:
-            self.written.pop(prefix, None)
-            self.capacity.pop(prefix, None)
-
     def _ring(self, prefix: tuple[int, ...]) -> Hashable:
         return self.capacity[prefix], tuple(sorted(self.written[prefix].items()))
 
     def _forget(self, prefix: tuple[int, ...]) -> None:
         super()._forget(prefix)
-        del self.capacity[prefix], self.written[prefix]
+        self.capacity.pop(prefix, None)
+        self.written.pop(prefix, None)
 
     def _set_ring(self, prefix: tuple[int, ...], ring: Hashable) -> None:
         capacity, written = ring  # type: ignore[misc]

@@ -86,7 +86,7 @@ def test_a_second_run_runs_the_programs_the_first_compiled():
     np.testing.assert_allclose(values, plain, rtol=1e-6, atol=1e-7)
     # one program for the steady kind, compiled once; the second run runs its steady
     # iterations as it from the start (the first two iterations are kinds of their own)
-    assert exe._runner.report.kinds == 1
+    assert exe._runner.report.programs == 1
     assert exe._runner.report.captured >= (I - 5) + (I - 3), str(exe._runner.report)
 
 
@@ -100,9 +100,13 @@ def test_a_resumed_run_feeds_its_programs_the_moved_coordinates():
     assert not np.allclose(captured, unmoved)  # (the draws do depend on the origin)
 
 
-def _changed_programs(monkeypatch, change) -> None:
-    """Every kind's compiled program with ``change`` applied to its floating-point outputs."""
+def _changed_programs(monkeypatch, change, late: bool = False) -> None:
+    """Every kind's compiled program with ``change`` applied to its floating-point outputs
+    (``late``: to the values it hands the late sinks instead)."""
     compiled = capture.IterationRunner._compiled
+
+    def floats(values: list) -> list:
+        return [change(x) if np.issubdtype(x.dtype, np.floating) else x for x in values]
 
     def changed(self, kind):
         compiled(self, kind)
@@ -110,8 +114,7 @@ def _changed_programs(monkeypatch, change) -> None:
 
         def run(leaves, values):
             out, early = program(leaves, values)
-            floats = [[change(x) if np.issubdtype(x.dtype, np.floating) else x for x in held] for held in out]
-            return floats, early
+            return (out, floats(early)) if late else ([floats(held) for held in out], early)
         kind.program = run
     monkeypatch.setattr(capture.IterationRunner, "_compiled", changed)
 
@@ -126,6 +129,17 @@ def test_a_program_whose_values_differ_is_never_run(monkeypatch):
     assert exe._runner.report.captured == 0
     assert "differ" in str(exe._runner.report)
     np.testing.assert_array_equal(values, plain)
+
+
+def test_a_program_handing_late_sinks_other_values_is_never_run(monkeypatch):
+    """The check compares what the program hands the late sinks too (the rollout the
+    tally reads is freed within the iteration: only the sink sees it)."""
+    _changed_programs(monkeypatch, lambda x: x * 2, late=True)
+    exe, values, log = _run()
+    _, plain, plain_log = _run(capture_mode=False)
+    assert exe._runner.report.captured == 0 and "late sinks' inputs" in str(exe._runner.report)
+    np.testing.assert_array_equal(values, plain)
+    assert log == plain_log
 
 
 def test_by_default_only_programs_equal_to_the_bit_run(monkeypatch):
