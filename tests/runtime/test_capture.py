@@ -232,3 +232,15 @@ def test_close_allows_rounding_only():
     assert _close(a, np.nextafter(a, np.inf).astype(np.float32))
     assert not _close(a, a + 1e-2)
     assert not _close(np.array([1, 2]), np.array([1, 3]))
+
+
+def test_only_reads_moved_along_the_dim_by_a_constant_move_with_the_iteration():
+    from tempo.runtime.capture import _read_offset
+    from tempo.symbolic.expr import Slice, Symbol
+    i, t = Symbol("i"), Symbol("t")
+    assert _read_offset((i - 1, t), (i, t), i) == -1
+    assert _read_offset((t,), (t,), i) is None
+    assert isinstance(_read_offset((i, t + i), (i, t), i), str)  # (the dim in another entry)
+    assert isinstance(_read_offset((i, Slice(0, i)), (i, t), i), str)
+    assert isinstance(_read_offset((Slice(0, i), t), (i, t), i), str)
+    assert isinstance(_read_offset((i * 2, t), (i, t), i), str)
