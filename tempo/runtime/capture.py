@@ -578,8 +578,8 @@ class IterationRun:
     batched: dict[str, Callable]
     """Its batched point ops (``executable._batched_point_ops``)."""
     values: dict[str, tuple[Callable, Callable]]
-    """Per point-op statement of the loop, its value at a point and (where the op has a
-    batched form) its values at coordinate arrays, as the run's host ops see them."""
+    """Per point-op statement of the loop, its value at a point and its values at
+    coordinate arrays (``OpDef.batched``), as the run's host ops see them."""
     stats: MemoryStats
     make_stores: Callable[[MemoryStats], dict]
     """Empty stores like the run's, counting into the given stats."""
@@ -612,7 +612,7 @@ class IterationRunner:
 
     def bind(self, namespace: dict[str, Callable], run: IterationRun | None) -> None:
         """Run with a run's statements; ``run`` None: statement by statement only (a
-        profiled run, or one without late sinks)."""
+        profiled run, which times each statement)."""
         self.namespace, self.run, self.last = namespace, run, None
         self.runs += run is not None
 
