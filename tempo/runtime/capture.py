@@ -115,6 +115,11 @@ s after tracing it; its time to a mean return of 475 (``benchmarks/ppo.py --time
 seed 0, reached after 88 of at most 500 iterations) took 2.22 s captured against 1.90 s
 not (seeds 1 and 2, whose programs were not in XLA's cache, 3.6-3.7 s against 2.1-2.5)."""
 
+FREQUENT = 1 / 8
+FREQUENT_WITHIN = 256
+"""A kind of iteration is traced where it is at least ``FREQUENT`` of the next
+``FREQUENT_WITHIN`` iterations (each program compiles once)."""
+
 Key = tuple[int, int]
 """A store: ``(op id, output)``."""
 
@@ -447,11 +452,12 @@ def checked_before(key: str) -> str | None:
 
 def not_worth_capturing(plan: IterationPlan, key: str, mode: bool | None, on_cpu: bool) -> str | None:
     """Why ``LoopPolicy.capture`` ``mode`` leaves the loop of ``plan`` (the program ``key``
-    names) uncaptured, or None: a program that differed from the interpreted iteration
-    where it was checked on this machine before (by default, also one that differed in its
-    last bits only), and by default on a CPU a loop of fewer than ``CPU_FRESH_ITERATIONS``
-    iterations whose program was never checked here (compiling it would share the run's
-    cores) or of fewer than ``CPU_CHECKED_ITERATIONS`` whose program was."""
+    names) uncaptured, or None. By default: a program that differed from the interpreted
+    iteration (even in its last bits only) where it was checked on this machine before
+    (the note keeps a program's worst outcome; clearing the cache clears it), and on a CPU
+    a loop of fewer than ``CPU_FRESH_ITERATIONS`` iterations whose program was never
+    checked here (compiling it would share the run's cores) or of fewer than
+    ``CPU_CHECKED_ITERATIONS`` whose program was. ``True`` tries every program."""
     before = checked_before(key)
     if mode is None and before in (CLOSE, DIFFERENT):
         how = " in their last bits (LoopPolicy(capture=True) runs them)" if before == CLOSE else ""
@@ -503,7 +509,7 @@ class IterationReport:
     def __str__(self) -> str:
         why = "".join(f"; not captured: {r}" for r in dict.fromkeys(self.refused))
         return (f"iterations: {self.captured} as one program each, {self.interpreted} statement by statement "
-                f"({self.programs} programs, compiled in {self.compile_seconds:.2f} s){why}")
+                f"({self.programs} programs, ready {self.compile_seconds:.2f} s after they were traced){why}")
 
 
 @dataclass
@@ -516,8 +522,7 @@ class _Kind:
     """The run (``IterationRunner.runs``) whose iteration recorded them."""
     compiling: Future | None = None
     since: float = 0.0
-    ready: float = 0.0
-    """When its program began compiling, and when the compile ended."""
+    """When its program began compiling."""
     program: Callable | None = None
     inputs: Hashable = None
     """The structure of the stores' window the program takes."""
@@ -696,7 +701,14 @@ class IterationRunner:
 
     def _capture(self, kind: _Kind, c: int) -> None:
         """Trace iteration ``c`` (the next to run) into its kind's program and start
-        compiling it."""
+        compiling it, where the kind is at least ``FREQUENT`` of the iterations to come (a
+        checkpoint's iteration, once every few hundred, would compile a program for a few
+        iterations)."""
+        ahead = range(c, min(self.plan.stop, c + FREQUENT_WITHIN))
+        key = self.plan.key(c)
+        if sum(self.plan.key(k) == key for k in ahead) < FREQUENT * len(ahead):
+            self._refuse(kind, f"its iterations are fewer than {FREQUENT:.0%} of the next {len(ahead)}")
+            return
         jax = self.backend.jax
         try:
             inputs, leaves = self._window(self.plan.at, c)
@@ -725,7 +737,6 @@ class IterationRunner:
         self.report.programs += 1
         kind.since = time.perf_counter()
         kind.compiling = self.backend.compile_lowered_in_background(lowered)
-        kind.compiling.add_done_callback(lambda _: setattr(kind, "ready", time.perf_counter()))
         if WAIT_FOR_PROGRAMS:
             kind.compiling.exception()
 
@@ -779,7 +790,7 @@ class IterationRunner:
         """Take the kind's program, once compiled (a compile that failed refuses it)."""
         future, kind.compiling = kind.compiling, None
         assert future is not None
-        self.report.compile_seconds += kind.ready - kind.since
+        self.report.compile_seconds += time.perf_counter() - kind.since
         try:
             kind.program = future.result()
         except Exception as err:
@@ -804,7 +815,8 @@ class IterationRunner:
             if held and (key in hosts or isinstance(store, BlockStore) and not store.buffers.on_device):
                 raise Uncapturable(f"output {key[1]} of op {key[0]}, in host buffers, holds values "
                                    f"from one iteration to the next")
-            structures.append((structure, tuple((np.shape(v), np.dtype(v.dtype).str) for v in held)))
+            structures.append((structure, tuple((np.shape(v), str(getattr(v, "dtype", type(v).__name__)))
+                                                for v in held)))
             values.append(held)
         return tuple(structures), values
 
@@ -831,12 +843,16 @@ class IterationRunner:
         out, early = result
         self.backend.synchronize((out, early))
         given = self._interpret_noting_late_inputs(c)
-        outputs, now = self._window(self.plan.written, c)
+        try:
+            outputs, now = self._window(self.plan.written, c)
+        except Uncapturable as why:
+            self._refuse(kind, str(why))
+            return
         if outputs != kind.outputs:
             key = next(k for k, ours, theirs in zip(self.plan.written, outputs, kind.outputs)
                        if ours != theirs)
             self._checked(kind, DIFFERENT, f"its program left other points of output {key[1]} of op {key[0]} "
-                                           f"than iteration {c} did")
+                                           f"(or shapes) than iteration {c} did")
             return
         outcome, key = _compared([*self.plan.written, LATE], [*out, early], [*now, given],
                                  self.backend.to_host)
