@@ -707,7 +707,8 @@ class IterationRunner:
         ahead = range(c, min(self.plan.stop, c + FREQUENT_WITHIN))
         key = self.plan.key(c)
         if sum(self.plan.key(k) == key for k in ahead) < FREQUENT * len(ahead):
-            self._refuse(kind, f"its iterations are fewer than {FREQUENT:.0%} of the next {len(ahead)}")
+            self._refuse(kind, f"its iterations are fewer than 1 in {round(1 / FREQUENT)} of the next "
+                               f"{len(ahead)}")
             return
         jax = self.backend.jax
         try:
