@@ -50,6 +50,7 @@ says why."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -676,13 +677,9 @@ class IterationRunner:
                 calls.append(("rows", name, _moved_coords(coords, plan.points[name], -c), len(points)))
                 launch(coords, points)
             return recorded
-        run.namespace.update({name: point(name, launch) for name, launch in saved.items()})
-        run.batched.update({name: rows(name, launch) for name, launch in batched.items()})
-        try:
+        with _swapped(run.namespace, {name: point(name, launch) for name, launch in saved.items()}), \
+                _swapped(run.batched, {name: rows(name, launch) for name, launch in batched.items()}):
             self._interpret(c)
-        finally:
-            run.namespace.update(saved)
-            run.batched.update(batched)
         return calls
 
     def _values(self, calls: list, c: int) -> list:
@@ -875,11 +872,8 @@ class IterationRunner:
                 given.extend(v for v in launch.early_of(point) if v is not None)
                 launch(point)
             return noted
-        run.namespace.update({name: noting(launch) for name, launch in saved.items()})
-        try:
+        with _swapped(run.namespace, {name: noting(launch) for name, launch in saved.items()}):
             self._interpret(c)
-        finally:
-            run.namespace.update(saved)
         return given
 
     def _checked(self, kind: _Kind, outcome: str, why: str) -> None:
@@ -982,6 +976,17 @@ def _late_recorder(name: str, launch: Callable, at: int | None, c: int, late: li
         late.append(("host", name, where, tuple(v is not None for v in values)))
         early.extend(v for v in values if v is not None)
     return recorded
+
+
+@contextlib.contextmanager
+def _swapped(table: dict[str, Callable], replacements: dict[str, Callable]) -> Iterator[None]:
+    """``table`` with ``replacements`` for some of its entries, the originals back after."""
+    saved = {name: table[name] for name in replacements}
+    table.update(replacements)
+    try:
+        yield
+    finally:
+        table.update(saved)
 
 
 def _host_refusal(name: str) -> Callable:

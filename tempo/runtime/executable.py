@@ -843,13 +843,12 @@ def _host_call(op: Op, writes: list[Callable], bounds: dict[Symbol, int], backen
                shift: dict[Symbol, int], on_host: list[bool]) -> Callable[[tuple[int, ...], list], None]:
     """A host op's kernel at a point, given its inputs on the host, writing its outputs
     (see ``_host_launcher``)."""
-    kernel, params, multi, domain = op.definition.kernel, op.params, op.definition.multi_output, op.domain
-    shifted, offsets = _host_view(op, bounds, shift)
+    kernel, params, multi = op.definition.kernel, op.params, op.definition.multi_output
+    seen = _host_point(op, bounds, shift)
     moves = [(lambda value: value) if kept else backend.from_host for kept in on_host]
 
     def call(point: tuple[int, ...], inputs: list) -> None:
-        env = {**shifted, **{d: p + k for d, p, k in zip(domain, point, offsets)}}
-        outs = kernel(params, env, *inputs)
+        outs = kernel(params, seen(point), *inputs)
         for write, move, value in zip(writes, moves, outs if multi else (outs,)):
             write(point, move(value))
     return call
@@ -925,24 +924,27 @@ def _batched_launcher(values: Callable[[tuple, int], Any], store: Any) -> Callab
     return launch
 
 
+def _host_point(op: Op, bounds: dict[Symbol, int], shift: dict[Symbol, int]) -> Callable[[tuple], dict]:
+    """The point (or coordinate arrays, one per dim) as a host op sees it: its bounds and
+    coordinates moved by the run's origin (``_host_view``)."""
+    shifted, offsets = _host_view(op, bounds, shift)
+    domain = op.domain
+
+    def seen(point: tuple) -> dict:
+        return {**shifted, **{d: p + k for d, p, k in zip(domain, point, offsets)}}
+    return seen
+
+
 def _rows_value(op: Op, bounds: dict[Symbol, int], shift: dict[Symbol, int]) -> Callable[[tuple, int], Any]:
     """A batched point op's values at ``count`` points given by coordinate arrays."""
-    shifted, offsets = _host_view(op, bounds, shift)
-
-    def values(coords: tuple, count: int) -> Any:
-        point = {**shifted, **{d: c + k for d, c, k in zip(op.domain, coords, offsets)}}
-        return op.definition.batched(op.params, point, count)
-    return values
+    seen = _host_point(op, bounds, shift)
+    return lambda coords, count: op.definition.batched(op.params, seen(coords), count)
 
 
 def _point_value(op: Op, bounds: dict[Symbol, int], shift: dict[Symbol, int]) -> Callable[[tuple], Any]:
     """A point op's value at a point, as its host launcher computes it (``_host_call``)."""
-    shifted, offsets = _host_view(op, bounds, shift)
-
-    def value(point: tuple[int, ...]) -> Any:
-        return op.definition.kernel(op.params, {**shifted, **{d: p + k for d, p, k in
-                                                              zip(op.domain, point, offsets)}})
-    return value
+    seen = _host_point(op, bounds, shift)
+    return lambda point: op.definition.kernel(op.params, seen(point))
 
 
 def _device_launcher(op: Op, edges: list[Edge], reads: list, writes: list[Callable],
